@@ -1,0 +1,99 @@
+"""The `speccap` command.
+
+  speccap prepare      render the synthetic corpus (or validate a local MER2024 copy) into manifests
+  speccap featurize    log-mel + prosody features for every manifest clip
+  speccap score        score a JSONL of captions against a manifest (BLEU-1/4, METEOR, ROUGE-L)
+  speccap show         print a few clips of a manifest with their cue values and references
+
+Every command reads its knobs from params.yaml (`--params` or $SPECCAP_PARAMS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import ConfigError, load_params
+
+
+def _cmd_prepare(args) -> int:
+    from .data.prepare import prepare
+    report = prepare(load_params(args.params), progress=not args.quiet)
+    print(json.dumps({k: v for k, v in report.items() if k != "skipped"}, ensure_ascii=False))
+    for s in report["skipped"]:
+        print(f"skipped {s['id']}: {s['reason']}", file=sys.stderr)
+    return 0
+
+
+def _cmd_featurize(args) -> int:
+    from .data.featurize import featurize
+    report = featurize(load_params(args.params), progress=not args.quiet)
+    print(json.dumps({k: v for k, v in report.items() if k != "skipped"}))
+    for s in report["skipped"]:
+        print(f"skipped {s['id']}: {s['reason'] if 'reason' in s else s['skip']}", file=sys.stderr)
+    return 0
+
+
+def _cmd_score(args) -> int:
+    from .data.manifest import read_jsonl, read_manifest
+    from .metrics.caption import score_captions
+    manifest = {r["id"]: r for r in read_manifest(args.manifest)}
+    captions = read_jsonl(args.captions)
+    missing = [c.get("id") for c in captions if c.get("id") not in manifest]
+    if missing:
+        raise SystemExit(f"{args.captions}: {len(missing)} caption id(s) not in {args.manifest}, e.g. {missing[:3]}")
+    language = manifest[captions[0]["id"]]["language"]
+    scores = score_captions([c.get("caption", "") for c in captions],
+                            [manifest[c["id"]]["references"] for c in captions], language,
+                            [manifest[c["id"]].get("emotion") for c in captions])
+    print(json.dumps(scores.summary(), indent=1))
+    return 0
+
+
+def _cmd_show(args) -> int:
+    from .data.manifest import read_manifest
+    for rec in read_manifest(args.manifest)[: args.n]:
+        cues = rec.get("cues") or {}
+        keys = ("emotion", "gender", "pitch", "pitch_range", "rate", "volume", "contour", "tremor",
+                "breathiness", "harshness", "pauses")
+        print(f"{rec['id']}  {rec['duration']:.2f} s  " + "  ".join(f"{k}={cues[k]}" for k in keys if k in cues))
+        for ref in rec["references"]:
+            print(f"   - {ref}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="speccap", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--params", default=None, help="params file (default: $SPECCAP_PARAMS or ./params.yaml)")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("prepare", help="build the corpus and its manifests (data.* params)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_prepare)
+    s = sub.add_parser("featurize", help="compute log-mel and prosody features (features.* params)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_featurize)
+    s = sub.add_parser("score", help="score captions (JSONL with id, caption) against a manifest")
+    s.add_argument("manifest", type=Path, help="manifest JSONL, e.g. data/processed/manifests/test.en.jsonl")
+    s.add_argument("captions", type=Path, help="JSONL with one {\"id\": ..., \"caption\": ...} per line")
+    s.set_defaults(func=_cmd_score)
+    s = sub.add_parser("show", help="print clips of a manifest with cue values and references")
+    s.add_argument("manifest", type=Path)
+    s.add_argument("-n", type=int, default=3, help="how many clips (default 3)")
+    s.set_defaults(func=_cmd_show)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError, ValueError, LookupError) as exc:
+        print(f"speccap {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

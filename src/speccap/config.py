@@ -1,0 +1,170 @@
+"""Typed view of params.yaml: the one place that reads the file.
+
+Every stage, flow and command gets its knobs from `load_params()`. Unknown keys and wrong
+types fail at load time with the dotted key path, so a typo in params.yaml never silently
+falls back to a default. A `profile` key selects a block under `profiles:` whose keys are
+merged over the top-level ones (the CI profile is the same pipeline with smaller sizes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+PARAMS_ENV = "SPECCAP_PARAMS"
+
+
+class ConfigError(ValueError):
+    """params.yaml is missing, malformed, or names an unknown / mistyped key."""
+
+
+@dataclass(frozen=True)
+class SyntheticParams:
+    # Clips per spoken language in each split; the test split mirrors the papers' 332 per language.
+    train_per_language: int = 1000
+    val_per_language: int = 150
+    test_per_language: int = 332
+    references_per_clip: int = 3
+    workers: int = 2
+
+
+@dataclass(frozen=True)
+class Mer2024Params:
+    # Local copy of the MER2024 caption subset (EULA: never downloaded by this code).
+    path: str | None = None
+    reference_mode: str = "audio_only"  # full | audio_only
+
+
+@dataclass(frozen=True)
+class DataParams:
+    source: str = "synthetic"  # synthetic | mer2024
+    languages: tuple[str, ...] = ("en", "zh")
+    max_clip_seconds: float = 30.0
+    raw_dir: str = "data/raw"
+    processed_dir: str = "data/processed"
+    synthetic: SyntheticParams = field(default_factory=SyntheticParams)
+    mer2024: Mer2024Params = field(default_factory=Mer2024Params)
+
+
+@dataclass(frozen=True)
+class FeatureParams:
+    sample_rate: int = 16000
+    n_mels: int = 128
+    n_fft: int = 400
+    # Qwen-Omni processors use hop 160 (10 ms); the embedded captioners train twice as fast on 320.
+    hop_length: int = 160
+    workers: int = 2
+
+
+@dataclass(frozen=True)
+class Params:
+    seed: int = 0
+    profile: str = "default"
+    data: DataParams = field(default_factory=DataParams)
+    features: FeatureParams = field(default_factory=FeatureParams)
+
+
+_CHOICES = {
+    "data.source": {"synthetic", "mer2024"},
+    "data.mer2024.reference_mode": {"full", "audio_only"},
+}
+_LANGUAGES = {"en", "zh"}
+
+
+def _build(cls, raw: dict, where: str):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where or 'params'}: expected a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in params: {', '.join(f'{where}{k}' for k in unknown)}")
+    values = {}
+    for name, value in raw.items():
+        key = f"{where}{name}"
+        values[name] = _coerce(hints[name], value, key)
+    return cls(**values)
+
+
+def _coerce(hint, value, key: str):
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value or {}, key + ".")
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"params key {key}: expected a list, got {value!r}")
+        return tuple(_coerce(args[0], v, key) for v in value)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)][0]
+        return _coerce(inner, value, key)
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if hint is str and isinstance(value, str):
+        return value
+    if hint is bool and isinstance(value, bool):
+        return value
+    raise ConfigError(f"params key {key}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(base.get(k) or {}, v) if isinstance(v, dict) else v
+    return out
+
+
+def _validate(p: Params) -> None:
+    for key, allowed in _CHOICES.items():
+        obj = p
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        if obj not in allowed:
+            raise ConfigError(f"params key {key}: {obj!r} is not one of {sorted(allowed)}")
+    bad = [lang for lang in p.data.languages if lang not in _LANGUAGES]
+    if bad or not p.data.languages:
+        raise ConfigError(f"params key data.languages: {list(p.data.languages)} must be a non-empty subset of {sorted(_LANGUAGES)}")
+    for name in ("train_per_language", "val_per_language", "test_per_language", "references_per_clip", "workers"):
+        if getattr(p.data.synthetic, name) < 1:
+            raise ConfigError(f"params key data.synthetic.{name} must be >= 1")
+    if p.data.max_clip_seconds <= 0:
+        raise ConfigError("params key data.max_clip_seconds must be > 0")
+    if p.features.hop_length < 1 or p.features.n_fft < p.features.hop_length:
+        raise ConfigError("params keys features.hop_length / features.n_fft: need 1 <= hop_length <= n_fft")
+
+
+def params_from_dict(raw: dict) -> Params:
+    raw = dict(raw or {})
+    profiles = raw.pop("profiles", {}) or {}
+    profile = raw.get("profile", "default")
+    if profile != "default":
+        if profile not in profiles:
+            raise ConfigError(f"params key profile: {profile!r} has no block under profiles: (have {sorted(profiles)})")
+        raw = _merge(raw, profiles[profile])
+    params = _build(Params, raw, "")
+    _validate(params)
+    return params
+
+
+def load_params(path: str | os.PathLike | None = None) -> Params:
+    """Read params.yaml (or $SPECCAP_PARAMS, or `path`) into a validated `Params`."""
+    path = Path(path or os.environ.get(PARAMS_ENV, "params.yaml"))
+    if not path.is_file():
+        raise ConfigError(f"{path}: params file not found (run from the project root or set {PARAMS_ENV})")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    try:
+        return params_from_dict(raw or {})
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

@@ -1,0 +1,109 @@
+"""The prepare stage: corpus (synthetic or MER2024) -> 16 kHz mono WAVs + manifests + a skip report."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..config import Params
+from .manifest import append_jsonl, manifest_path, read_jsonl, write_jsonl
+from .mer2024 import load_mer2024
+from .synthetic import SPLITS, make_clip, plan_corpus
+
+
+def _language_view(corpus: list[dict], language: str) -> list[dict]:
+    """Records as one caption language sees them: clips spoken in it, references in it."""
+    out = []
+    for rec in corpus:
+        if rec.get("speech_language") not in (None, language) or language not in rec["references"]:
+            continue
+        view = {k: v for k, v in rec.items() if k != "references"}
+        view["language"] = language
+        view["references"] = rec["references"][language]
+        out.append(view)
+    return out
+
+
+def prepare_synthetic(params: Params, progress: bool = True) -> dict:
+    syn = params.data.synthetic
+    sizes = {"train": syn.train_per_language, "val": syn.val_per_language, "test": syn.test_per_language}
+    plans = plan_corpus(params.seed, sizes, params.data.languages)
+    raw = Path(params.data.raw_dir) / "synthetic"
+    wav_dir = raw / "wav"
+    wav_dir.mkdir(parents=True, exist_ok=True)
+    # Records are appended as clips finish, so an interrupted run keeps its work; clips whose
+    # WAV exists are not rendered again.
+    journal = raw / "corpus.partial.jsonl"
+    done = {r["id"]: r for r in (read_jsonl(journal, tolerate_partial_last_line=True) if journal.exists() else [])}
+    todo = [p for p in plans if p.clip_id not in done]
+    work = partial(make_clip, wav_dir=wav_dir, references_per_clip=syn.references_per_clip)
+    workers = min(syn.workers, max(1, len(todo)))
+    bar = tqdm(total=len(plans), initial=len(plans) - len(todo), desc="render corpus", unit="clip",
+               disable=not progress)
+    if workers > 1:
+        with mp.get_context("spawn").Pool(workers) as pool:
+            for rec in pool.imap_unordered(work, todo, chunksize=8):
+                append_jsonl(journal, rec)
+                done[rec["id"]] = rec
+                bar.update()
+    else:
+        for plan in todo:
+            rec = work(plan)
+            append_jsonl(journal, rec)
+            done[rec["id"]] = rec
+            bar.update()
+    bar.close()
+    corpus = [done[p.clip_id] for p in plans]
+    write_jsonl(raw / "corpus.jsonl", corpus)
+    journal.unlink(missing_ok=True)
+    counts = {}
+    for split in SPLITS:
+        for lang in params.data.languages:
+            view = _language_view([r for r in corpus if r["split"] == split], lang)
+            write_jsonl(manifest_path(params.data.processed_dir, split, lang), view)
+            counts[f"{split}.{lang}"] = len(view)
+    emotions = Counter(r["emotion"] for r in corpus)
+    return {"source": "synthetic", "clips": len(corpus), "manifests": counts,
+            "emotions": dict(sorted(emotions.items())), "skipped": []}
+
+
+def prepare_mer2024(params: Params) -> dict:
+    mer = params.data.mer2024
+    if not mer.path:
+        from .mer2024 import Mer2024Error
+        raise Mer2024Error("data.mer2024.path: not set; point it at your local MER2024 copy")
+    wav_dir = Path(params.data.raw_dir) / "mer2024" / "wav"
+    clips, skips = load_mer2024(mer.path, params.data.languages, mer.reference_mode, wav_dir,
+                                params.data.max_clip_seconds)
+    counts = {}
+    for lang in params.data.languages:
+        view = []
+        for c in clips:
+            if lang not in c.references:
+                skips.append({"id": c.name, "reason": f"no {lang} reference"})
+                continue
+            view.append({"id": c.name, "path": str(c.wav_path), "duration": c.duration, "split": "test",
+                         "source": "mer2024", "language": lang, "speech_language": None, "emotion": None,
+                         "cues": {}, "reference_mode": mer.reference_mode, "notes": c.notes,
+                         "references": [c.references[lang]]})
+        write_jsonl(manifest_path(params.data.processed_dir, "test", lang), view)
+        counts[f"test.{lang}"] = len(view)
+    return {"source": "mer2024", "path": str(mer.path), "reference_mode": mer.reference_mode,
+            "clips": len(clips), "manifests": counts, "skipped": skips}
+
+
+def prepare(params: Params, progress: bool = True) -> dict:
+    """Run the prepare stage; writes data/processed/prepare_report.json and returns it."""
+    if params.data.source == "synthetic":
+        report = prepare_synthetic(params, progress)
+    else:
+        report = prepare_mer2024(params)
+    out = Path(params.data.processed_dir) / "prepare_report.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, ensure_ascii=False, indent=1), encoding="utf-8")
+    return report
