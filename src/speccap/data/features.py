@@ -32,15 +32,18 @@ def _window(n_fft: int) -> np.ndarray:
 
 def log_mel(samples: np.ndarray, sr: int = 16000, n_mels: int = 128, n_fft: int = 400,
             hop_length: int = 160) -> np.ndarray:
-    """(n_mels, frames) float32 log-mel, frames = len(samples) // hop_length."""
+    """(n_mels, frames) float32 log-mel, frames = len(samples) // hop_length (Whisper drops the last)."""
     x = np.asarray(samples, dtype=np.float32)
     pad = n_fft // 2
-    x = np.pad(x, pad, mode="reflect") if len(x) > pad else np.pad(x, pad)
-    n_frames = 1 + (len(x) - n_fft) // hop_length
+    # Front: reflect, like a centred STFT. Back: zeros, because the processor pads the clip with
+    # silence (to 30 s) before its centred STFT, so the last frames see zeros, not a reflection.
+    front = x[1 : pad + 1][::-1] if len(x) > pad else np.zeros(pad, np.float32)
+    x = np.concatenate([front, x, np.zeros(pad, np.float32)])
+    n_frames = (len(x) - 2 * pad) // hop_length
     frames = np.lib.stride_tricks.as_strided(
         x, shape=(n_frames, n_fft), strides=(x.strides[0] * hop_length, x.strides[0]), writeable=False)
     spec = np.fft.rfft(frames * _window(n_fft), axis=1)
-    power = (spec.real**2 + spec.imag**2).astype(np.float32)[:-1]  # Whisper drops the last frame
+    power = (spec.real**2 + spec.imag**2).astype(np.float32)
     mel = _mel_filters(sr, n_fft, n_mels) @ power.T
     logmel = np.log10(np.maximum(mel, 1e-10))
     logmel = np.maximum(logmel, logmel.max() - 8.0)

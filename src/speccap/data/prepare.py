@@ -45,15 +45,10 @@ def prepare_synthetic(params: Params, progress: bool = True) -> dict:
     workers = min(syn.workers, max(1, len(todo)))
     bar = tqdm(total=len(plans), initial=len(plans) - len(todo), desc="render corpus", unit="clip",
                disable=not progress)
-    if workers > 1:
-        with mp.get_context("spawn").Pool(workers) as pool:
-            for rec in pool.imap_unordered(work, todo, chunksize=8):
-                append_jsonl(journal, rec)
-                done[rec["id"]] = rec
-                bar.update()
-    else:
-        for plan in todo:
-            rec = work(plan)
+    # Always in spawned workers: rendering forks per clip, which is only safe in a process
+    # without other threads (this one may be running Prefect's).
+    with mp.get_context("spawn").Pool(workers) as pool:
+        for rec in pool.imap_unordered(work, todo, chunksize=8):
             append_jsonl(journal, rec)
             done[rec["id"]] = rec
             bar.update()

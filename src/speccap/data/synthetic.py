@@ -3,15 +3,19 @@
 Every clip is a pure function of (seed, spoken language, split, index): its own random stream
 picks emotion, speaker, sentence and cue values, renders the speech and writes the references.
 So the corpus is deterministic, renders in parallel in any order, and a rerun skips clips whose
-WAV is already on disk.
+WAV is already on disk. Rendering forks (POSIX only); call it from single-threaded worker
+processes, as `prepare` does.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import soundfile as sf
 import soxr
 
 from . import effects
@@ -135,14 +139,28 @@ def render(c: Cues, speaker: Speaker, rng: np.random.Generator) -> np.ndarray:
     return x
 
 
-_SPEAKER: Speaker | None = None
+def render_to_file(c: Cues, rng_key: list[int], path: Path) -> float:
+    """Render in a forked child with a pristine eSpeak and write the WAV; returns its seconds.
 
-
-def _speaker() -> Speaker:
-    global _SPEAKER  # one eSpeak instance per process: the library has global state
-    if _SPEAKER is None:
-        _SPEAKER = Speaker()
-    return _SPEAKER
+    eSpeak NG carries synthesis state from one utterance to the next (the same call twice in
+    one process gives different samples; in two fresh processes, identical ones). A child
+    forked per clip starts from the same state every time, which makes each clip a pure
+    function of its seed whatever order or worker renders it.
+    """
+    pid = os.fork()
+    if pid == 0:  # child: render, write, exit without running the parent's cleanup
+        code = 1
+        try:
+            write_wav(path, render(c, Speaker(), np.random.default_rng(rng_key)))
+            code = 0
+        except BaseException as exc:  # noqa: BLE001 - report and leave; the parent raises
+            print(f"rendering {path.name} failed: {exc!r}", file=sys.stderr)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0 or not path.exists():
+        raise RuntimeError(f"{path}: rendering failed in the child process (status {status})")
+    return sf.info(str(path)).duration
 
 
 def make_clip(plan: ClipPlan, wav_dir: Path, references_per_clip: int) -> dict:
@@ -151,15 +169,9 @@ def make_clip(plan: ClipPlan, wav_dir: Path, references_per_clip: int) -> dict:
     cues = sample_cues(plan, rng)
     refs = {lang: write_references(cues, lang, references_per_clip, rng) for lang in ("en", "zh")}
     # The audio draws from its own stream so that captions do not depend on rendering details.
-    audio_rng = np.random.default_rng(plan.rng_key + [1])
+    audio_key = plan.rng_key + [1]
     path = wav_dir / f"{plan.clip_id}.wav"
-    if path.exists():
-        import soundfile as sf
-        duration = sf.info(str(path)).duration
-    else:
-        x = render(cues, _speaker(), audio_rng)
-        write_wav(path, x)
-        duration = len(x) / TARGET_SR
+    duration = sf.info(str(path)).duration if path.exists() else render_to_file(cues, audio_key, path)
     return {
         "id": plan.clip_id, "path": str(path), "duration": round(duration, 3), "split": plan.split,
         "source": "synthetic", "speech_language": plan.speech_language, "emotion": cues.emotion,

@@ -15,6 +15,7 @@ ROUGE-L: rouge-score's LCS F-measure, best over references (score_multi), averag
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 
 from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu, sentence_bleu
@@ -106,6 +107,8 @@ def score_captions(hypotheses: list[str], references: list[list[str]], language:
     for i, refs in enumerate(references):
         if not refs or not any(r.strip() for r in refs):
             raise ValueError(f"caption {i}: no non-empty reference")
+    # nltk warns on every caption without some n-gram overlap; the zero it returns is the answer
+    warnings.filterwarnings("ignore", message=r"\s*The hypothesis contains 0 counts")
     smooth = SmoothingFunction().method1
     scorer = rouge_scorer.RougeScorer(["rougeL"], tokenizer=_RougeTokenizer(language))
     hyps_tok = [tokenize(h, language) for h in hypotheses]
@@ -117,7 +120,7 @@ def score_captions(hypotheses: list[str], references: list[list[str]], language:
         rl = scorer.score_multi([r for r in refs if r.strip()], hyp)["rougeL"].fmeasure if h_tok else 0.0
         lang = caption_language(hyp)
         rec = {"bleu1": 100 * b1, "bleu4": 100 * b4, "meteor": 100 * _meteor(r_tok, h_tok), "rouge_l": 100 * rl,
-               "language": lang, "wrong_language": lang is not None and lang != language, "empty": not h_tok}
+               "language": lang, "wrong_language": lang is not None and lang != language, "empty": not hyp.strip()}
         if emotions is not None and emotions[i] is not None:
             rec["emotion_pred"] = detect_emotion(hyp, language)
             rec["emotion_hit"] = rec["emotion_pred"] == emotions[i]

@@ -1,0 +1,61 @@
+import numpy as np
+import soundfile as sf
+
+from speccap.data.audio_io import read_audio
+from speccap.data.emotions import EMOTIONS, detect_emotion
+from speccap.data.features import prosody
+from speccap.data.synthetic import VOICES, make_clip, plan_corpus
+
+
+def test_plan_is_deterministic_and_sized():
+    plans = plan_corpus(0, {"train": 5, "val": 2, "test": 3})
+    assert len(plans) == 2 * 10
+    assert len({p.clip_id for p in plans}) == len(plans)
+    assert plans == plan_corpus(0, {"train": 5, "val": 2, "test": 3})
+
+
+def test_same_seed_same_clip_other_seed_other_clip(tmp_path):
+    plan = plan_corpus(3, {"train": 1, "val": 0, "test": 0}, ["en"])[0]
+    a = make_clip(plan, tmp_path / "a", 3)
+    b = make_clip(plan, tmp_path / "b", 3)
+    assert a["cues"] == b["cues"] and a["references"] == b["references"]
+    assert (tmp_path / "a" / f"{plan.clip_id}.wav").read_bytes() == (tmp_path / "b" / f"{plan.clip_id}.wav").read_bytes()
+    other = plan_corpus(4, {"train": 1, "val": 0, "test": 0}, ["en"])[0]
+    assert make_clip(other, tmp_path / "c", 3)["cues"] != a["cues"]
+
+
+def test_existing_wav_is_not_rendered_again(tmp_path):
+    plan = plan_corpus(0, {"train": 1, "val": 0, "test": 0}, ["zh"])[0]
+    rec = make_clip(plan, tmp_path, 2)
+    path = tmp_path / f"{plan.clip_id}.wav"
+    mtime = path.stat().st_mtime_ns
+    again = make_clip(plan, tmp_path, 2)
+    assert path.stat().st_mtime_ns == mtime and again == rec
+
+
+def test_corpus_is_varied_and_audio_follows_the_cues(tmp_path):
+    plans = plan_corpus(0, {"train": 70, "val": 0, "test": 0})
+    recs = [make_clip(p, tmp_path, 2) for p in plans]
+    assert {r["emotion"] for r in recs} == set(EMOTIONS)
+    assert {r["gender"] for r in recs} == {"male", "female"}
+    assert len({r["speaker"] for r in recs}) >= 10
+    assert len({r["cues"]["text_en"] for r in recs}) >= 30
+    for r in recs:
+        assert sf.info(r["path"]).samplerate == 16000 and sf.info(r["path"]).channels == 1
+        assert detect_emotion(r["references"]["en"][0], "en") == r["emotion"]
+        assert detect_emotion(r["references"]["zh"][0], "zh") == r["emotion"]
+    # measured acoustics track the rendered cue values (same-gender comparison)
+    meas = [(r, prosody(read_audio(r["path"]).samples)) for r in recs]
+    fem = [(r["cues"]["pitch"], m["f0_mean"]) for r, m in meas if r["gender"] == "female"]
+    cue, f0 = np.array(fem).T
+    assert np.corrcoef(cue, f0)[0, 1] > 0.5
+    # more words per minute -> shorter clip for the same words; compare within one sentence length
+    sec_per_char = np.array([r["duration"] / len(r["cues"]["text_en"]) for r, _ in meas if r["speech_language"] == "en"
+                             and r["cues"]["pauses"] == 0])
+    rates = np.array([r["cues"]["rate"] for r, _ in meas if r["speech_language"] == "en" and r["cues"]["pauses"] == 0])
+    assert np.corrcoef(rates, sec_per_char)[0, 1] < -0.4
+
+
+def test_voices_cover_both_genders_in_both_languages():
+    for lang in ("en", "zh"):
+        assert {g for _, g, _ in VOICES[lang]} == {"male", "female"}

@@ -1,0 +1,38 @@
+import json
+import subprocess
+import sys
+
+from speccap.cli import main
+
+
+def test_help_lists_commands():
+    out = subprocess.run([sys.executable, "-m", "speccap.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    for cmd in ("prepare", "featurize", "score", "show"):
+        assert cmd in out.stdout
+
+
+def test_prepare_show_and_score(tmp_path, monkeypatch, capsys):
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "data:\n  raw_dir: %s\n  processed_dir: %s\n  synthetic: {train_per_language: 2, val_per_language: 1, "
+        "test_per_language: 3, workers: 1}\n" % (tmp_path / "raw", tmp_path / "proc"))
+    assert main(["--params", str(params), "prepare", "--quiet"]) == 0
+    manifest = tmp_path / "proc" / "manifests" / "test.en.jsonl"
+    assert main(["show", str(manifest), "-n", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "emotion=" in out and "In the audio" in out
+    # score: the references themselves score perfectly
+    recs = [json.loads(line) for line in manifest.open()]
+    caps = tmp_path / "caps.jsonl"
+    caps.write_text("".join(json.dumps({"id": r["id"], "caption": r["references"][0]}) + "\n" for r in recs))
+    assert main(["score", str(manifest), str(caps)]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["bleu4"] > 99 and scores["emotion_hit_rate"] == 100.0
+
+
+def test_bad_params_exit_2_with_the_key(tmp_path, capsys):
+    params = tmp_path / "params.yaml"
+    params.write_text("data:\n  sourse: synthetic\n")
+    assert main(["--params", str(params), "prepare"]) == 2
+    assert "data.sourse" in capsys.readouterr().err
