@@ -62,16 +62,73 @@ class FeatureParams:
 
 
 @dataclass(frozen=True)
+class ThinkerSize:
+    """Size of an embedded captioner (a small config of a Qwen-Omni thinker class)."""
+
+    text_hidden: int = 128
+    text_layers: int = 2
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    text_ffn: int = 256
+    audio_d: int = 128
+    audio_layers: int = 2
+    audio_heads: int = 4
+    audio_ffn: int = 256
+    # Qwen3-Omni-MoE only
+    experts: int = 4
+    experts_per_token: int = 2
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    max_steps: int = 600
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    eval_every: int = 50
+    patience: int = 4  # evaluations without a better validation loss before stopping
+    threads: int = 2
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    # embedded: a captioner trained here; qwen2_5_omni / qwen3_omni_moe: a real checkpoint at `path`
+    backend: str = "embedded"
+    family: str = "qwen2_5_omni"  # thinker class of an embedded captioner
+    path: str | None = None  # local path or hub id of a real checkpoint
+    dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    size: ThinkerSize = field(default_factory=ThinkerSize)
+    train: TrainParams = field(default_factory=TrainParams)
+
+
+@dataclass(frozen=True)
+class ModelsParams:
+    dir: str = "models"
+    tokenizer_vocab: int = 1000
+    max_new_tokens: int = 128
+    edge: ModelParams = field(default_factory=ModelParams)
+    cloud: ModelParams = field(default_factory=ModelParams)
+
+
+@dataclass(frozen=True)
 class Params:
     seed: int = 0
     profile: str = "default"
     data: DataParams = field(default_factory=DataParams)
     features: FeatureParams = field(default_factory=FeatureParams)
+    models: ModelsParams = field(default_factory=ModelsParams)
 
 
 _CHOICES = {
     "data.source": {"synthetic", "mer2024"},
     "data.mer2024.reference_mode": {"full", "audio_only"},
+    "models.edge.backend": {"embedded", "qwen2_5_omni", "qwen3_omni_moe"},
+    "models.cloud.backend": {"embedded", "qwen2_5_omni", "qwen3_omni_moe"},
+    "models.edge.family": {"qwen2_5_omni", "qwen3_omni_moe"},
+    "models.cloud.family": {"qwen2_5_omni", "qwen3_omni_moe"},
+    "models.edge.dtype": {"auto", "float32", "bfloat16", "float16"},
+    "models.cloud.dtype": {"auto", "float32", "bfloat16", "float16"},
 }
 _LANGUAGES = {"en", "zh"}
 
@@ -138,6 +195,13 @@ def _validate(p: Params) -> None:
             raise ConfigError(f"params key data.synthetic.{name} must be >= 1")
     if p.data.max_clip_seconds <= 0:
         raise ConfigError("params key data.max_clip_seconds must be > 0")
+    for role in ("edge", "cloud"):
+        m = getattr(p.models, role)
+        if m.backend != "embedded" and not m.path:
+            raise ConfigError(f"params key models.{role}.path: backend {m.backend} needs a local path or hub id")
+        if m.size.text_hidden % m.size.text_heads or m.size.text_heads % m.size.text_kv_heads:
+            raise ConfigError(f"params keys models.{role}.size: text_hidden must divide by text_heads, "
+                              "and text_heads by text_kv_heads")
     if p.features.hop_length < 1 or p.features.n_fft < p.features.hop_length:
         raise ConfigError("params keys features.hop_length / features.n_fft: need 1 <= hop_length <= n_fft")
 

@@ -1,0 +1,87 @@
+"""The `AudioLM` interface the decoding engine talks to.
+
+A model starts a `Session` per caption from audio features (prefill of audio + prompt). The
+session holds the KV cache: `extend(ids)` runs ONE forward over new tokens and returns the
+next-token logits after each of them (and the last-layer hidden states on request);
+`rollback(n)` drops the last n tokens from the cache. Logits are truncated to `vocab_limit`
+so that an edge / cloud pair compares distributions over the vocabulary they share.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class StepOutput:
+    # (n, V) float32: logits[i] is the distribution of the token AFTER the i-th input token
+    logits: torch.Tensor
+    # (n, H) float32 last-layer hidden states, when asked for
+    hidden: torch.Tensor | None = None
+
+
+class Session(ABC):
+    """The KV-cached state of one caption on one model."""
+
+    prefill_logits: torch.Tensor  # (V,) distribution of the first caption token
+
+    @property
+    @abstractmethod
+    def length(self) -> int:
+        """Caption tokens in the cache (the prompt not counted)."""
+
+    @abstractmethod
+    def extend(self, token_ids: list[int], return_hidden: bool = False) -> StepOutput:
+        ...
+
+    @abstractmethod
+    def rollback(self, n: int) -> None:
+        ...
+
+
+class AudioLM(ABC):
+    name: str
+    vocab_limit: int | None = None  # truncate logits to the vocabulary an edge/cloud pair shares
+
+    @property
+    @abstractmethod
+    def tokenizer(self):
+        ...
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Logit width after truncation."""
+
+    @property
+    @abstractmethod
+    def eos_token_id(self) -> int:
+        ...
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device:
+        ...
+
+    @property
+    @abstractmethod
+    def dtype(self) -> torch.dtype:
+        ...
+
+    @abstractmethod
+    def start(self, features: np.ndarray, language: str) -> Session:
+        """Prefill audio features (n_mels, frames) and the prompt for `language`."""
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def shared_vocab(a: AudioLM, b: AudioLM) -> int:
+    """Restrict both models to the vocabulary they share (Qwen sizes differ only by padding rows)."""
+    n = min(a.vocab_size, b.vocab_size)
+    a.vocab_limit = b.vocab_limit = n
+    return n

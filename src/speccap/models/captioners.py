@@ -1,0 +1,79 @@
+"""The train stage of the embedded default: tokenizer + edge and cloud captioners in `models/`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..config import Params
+from ..data.featurize import load_clip_features
+from ..data.manifest import manifest_path, read_manifest
+from .configs import build_model
+from .loading import embedded_prompt
+from .thinker import ThinkerLM
+from .tokenizer import load_tokenizer, save_tokenizer, special_ids, train_tokenizer
+from .train import Example, fingerprint, train_captioner
+
+ROLES = ("edge", "cloud")
+
+
+def load_examples(params: Params, split: str, tokenizer) -> list[Example]:
+    """Clips of `split` in every caption language, with features and tokenized references."""
+    processed = params.data.processed_dir
+    out = []
+    for lang in params.data.languages:
+        path = manifest_path(processed, split, lang)
+        if not path.exists():
+            continue
+        for rec in read_manifest(path):
+            try:
+                mel, _ = load_clip_features(processed, rec["id"])
+            except FileNotFoundError:
+                continue  # skipped by featurize (reported there)
+            caps = [tokenizer.encode(r, add_special_tokens=False) for r in rec["references"]]
+            out.append(Example(rec["id"], torch.from_numpy(mel).to(torch.float16), caps, lang))
+    return out
+
+
+def build_tokenizer(params: Params):
+    texts = []
+    for lang in params.data.languages:
+        for rec in read_manifest(manifest_path(params.data.processed_dir, "train", lang)):
+            texts.extend(rec["references"])
+    if not texts:
+        raise ValueError(f"{params.data.processed_dir}: no training captions to build a tokenizer from")
+    return train_tokenizer(texts, params.models.tokenizer_vocab)
+
+
+def train_captioners(params: Params, progress: bool = True, roles=ROLES) -> dict:
+    models_dir = Path(params.models.dir)
+    tok_dir = models_dir / "tokenizer"
+    tokenizer = build_tokenizer(params)
+    save_tokenizer(tokenizer, tok_dir)
+    tokenizer = load_tokenizer(tok_dir)  # exactly what inference will load
+    train = load_examples(params, "train", tokenizer)
+    val = load_examples(params, "val", tokenizer)
+    if not train or not val:
+        raise ValueError(f"{params.data.processed_dir}: need featurized train and val clips (have {len(train)}, {len(val)})")
+    report = {"tokenizer_vocab": len(tokenizer), "train_clips": len(train), "val_clips": len(val)}
+    special = special_ids(tokenizer)
+    for role in roles:
+        spec = getattr(params.models, role)
+        if spec.backend != "embedded":
+            report[role] = {"backend": spec.backend, "path": spec.path, "trained": False}
+            continue
+        model = build_model(spec.family, len(tokenizer), spec.size, special, params.features.n_mels, params.seed)
+        lm = ThinkerLM(model, tokenizer, embedded_prompt(tokenizer), special.eos, name=f"{role}:embedded")
+        fp = fingerprint(spec.size, spec.train, params.seed, spec.family,
+                         [e.clip_id for e in train] + [str(params.features.hop_length), str(len(tokenizer))])
+        out_dir = models_dir / role
+        result = train_captioner(lm, train, val, spec.train, params.seed, out_dir, fp, desc=f"train {role}",
+                                 progress=progress)
+        model.save_pretrained(str(out_dir))
+        (out_dir / "checkpoint.pt").unlink(missing_ok=True)  # finished: the resume point is no longer needed
+        report[role] = {"backend": "embedded", "family": spec.family, "parameters": lm.num_parameters(),
+                        "size": spec.size.__dict__, **result}
+    (models_dir / "train_report.json").write_text(json.dumps(report, indent=1))
+    return report

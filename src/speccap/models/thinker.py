@@ -1,0 +1,138 @@
+"""`AudioLM` over a Qwen-Omni thinker (Qwen2.5-Omni or Qwen3-Omni-MoE, any size).
+
+The same class serves the real checkpoints (3B / 7B / 30B-A3B) and the embedded captioners
+(tiny configs of the same HF classes trained here). Positions are Qwen's multimodal RoPE: the
+prefill asks the model for its 3-D position ids and the offset ("rope delta") that text tokens
+after the audio carry; every extension then passes explicit positions, so a session never
+depends on state the HF model keeps between calls (two sessions of one model can interleave).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .base import AudioLM, Session, StepOutput
+
+
+@dataclass
+class PromptTemplate:
+    """Token ids around the audio block, per caption language: prefix + audio + suffix."""
+
+    prefix: dict[str, list[int]] = field(default_factory=dict)
+    suffix: dict[str, list[int]] = field(default_factory=dict)
+
+    def around(self, language: str) -> tuple[list[int], list[int]]:
+        if language not in self.suffix:
+            raise ValueError(f"no prompt for caption language {language!r} (have {sorted(self.suffix)})")
+        return self.prefix.get(language, []), self.suffix[language]
+
+
+def audio_token_count(model, n_frames: int) -> int:
+    """How many audio placeholder tokens the model's audio encoder emits for `n_frames` mel frames."""
+    tower = model.model.audio_tower
+    lengths = torch.tensor([n_frames])
+    if hasattr(tower, "_get_feat_extract_output_lengths"):  # Qwen2.5-Omni
+        return int(tower._get_feat_extract_output_lengths(lengths)[1][0])
+    fn = sys.modules[type(model).__module__]._get_feat_extract_output_lengths  # Qwen3-Omni-MoE
+    return int(fn(lengths, n_window=model.config.audio_config.n_window)[0])
+
+
+class ThinkerLM(AudioLM):
+    def __init__(self, model, tokenizer, prompt: PromptTemplate, eos_token_id: int, name: str = "thinker"):
+        self.model = model.eval()
+        self._tokenizer = tokenizer
+        self.prompt = prompt
+        self._eos = eos_token_id
+        self.name = name
+        cfg = model.config
+        self.audio_start_id = cfg.audio_start_token_id
+        self.audio_end_id = getattr(cfg, "audio_end_token_id", None) or cfg.audio_start_token_id + 1
+        self.audio_id = cfg.audio_token_id
+        self._vocab = cfg.get_text_config().vocab_size
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab_limit or self._vocab
+
+    @property
+    def eos_token_id(self) -> int:
+        return self._eos
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = getattr(self._tokenizer, "pad_token_id", None)
+        return pad if pad is not None else (self.model.config.get_text_config().pad_token_id or 0)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def prompt_ids(self, n_frames: int, language: str) -> list[int]:
+        prefix, suffix = self.prompt.around(language)
+        n_audio = audio_token_count(self.model, n_frames)
+        return prefix + [self.audio_start_id] + [self.audio_id] * n_audio + [self.audio_end_id] + suffix
+
+    def start(self, features: np.ndarray, language: str) -> "ThinkerSession":
+        return ThinkerSession(self, features, language)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+class ThinkerSession(Session):
+    @torch.inference_mode()
+    def __init__(self, lm: ThinkerLM, features: np.ndarray, language: str):
+        self.lm = lm
+        model = lm.model
+        feats = torch.as_tensor(np.asarray(features, np.float32), device=lm.device)
+        if feats.ndim != 2:
+            raise ValueError(f"audio features must be (n_mels, frames), got shape {tuple(feats.shape)}")
+        n_frames = feats.shape[1]
+        ids = torch.tensor([lm.prompt_ids(n_frames, language)], device=lm.device)
+        attn = torch.ones_like(ids)
+        fmask = torch.ones(1, n_frames, dtype=torch.long, device=lm.device)
+        positions, delta = model.model.get_rope_index(ids, None, None, attn, False, fmask.sum(-1), None)
+        out = model(input_ids=ids, input_features=feats[None].to(lm.dtype), feature_attention_mask=fmask,
+                    attention_mask=attn, position_ids=positions, use_cache=True)
+        self.cache = out.past_key_values
+        self.prompt_len = ids.shape[1]
+        self.rope_delta = int(delta.reshape(-1)[0])
+        self.prefill_logits = out.logits[0, -1, : lm.vocab_size].float()
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length() - self.prompt_len
+
+    @torch.inference_mode()
+    def extend(self, token_ids: list[int], return_hidden: bool = False) -> StepOutput:
+        if not token_ids:
+            raise ValueError("extend() needs at least one token")
+        n = len(token_ids)
+        start = self.cache.get_seq_length()
+        ids = torch.tensor([token_ids], device=self.lm.device)
+        pos = (torch.arange(start, start + n, device=self.lm.device) + self.rope_delta).view(1, 1, n).expand(3, 1, n)
+        out = self.lm.model(input_ids=ids, past_key_values=self.cache, position_ids=pos, use_cache=True,
+                            output_hidden_states=return_hidden)
+        self.cache = out.past_key_values
+        hidden = out.hidden_states[-1][0].float() if return_hidden else None
+        return StepOutput(out.logits[0, :, : self.lm.vocab_size].float(), hidden)
+
+    def rollback(self, n: int) -> None:
+        if n < 0 or n > self.length:
+            raise ValueError(f"cannot roll back {n} tokens: the session holds {self.length} caption tokens")
+        if n:
+            # a negative count removes that many tokens, in transformers 4.x and 5.x alike
+            # (5.x refuses a positive max-length)
+            self.cache.crop(-n)

@@ -1,0 +1,78 @@
+import pytest
+import torch
+
+from speccap.models.base import shared_vocab
+from speccap.models.thinker import audio_token_count
+
+from .conftest import VOCAB, tiny_lm
+
+TOKENS = [10, 11, 12, 13, 14, 15]
+
+
+def test_prefill_and_extend_shapes(family, mel):
+    lm = tiny_lm(family)
+    s = lm.start(mel, "en")
+    assert s.prefill_logits.shape == (VOCAB,) and s.length == 0
+    out = s.extend(TOKENS, return_hidden=True)
+    assert out.logits.shape == (6, VOCAB) and out.hidden.shape == (6, 32) and s.length == 6
+    assert s.prompt_len == len(lm.prompt_ids(230, "en"))
+
+
+def test_cached_extension_equals_one_forward(family, mel):
+    lm = tiny_lm(family)
+    whole = lm.start(mel, "en").extend(TOKENS).logits
+    s = lm.start(mel, "en")
+    stepwise = torch.stack([s.extend([t]).logits[0] for t in TOKENS])
+    torch.testing.assert_close(stepwise, whole, atol=1e-5, rtol=1e-4)
+    s2 = lm.start(mel, "en")
+    torch.testing.assert_close(torch.cat([s2.extend(TOKENS[:2]).logits, s2.extend(TOKENS[2:]).logits]), whole,
+                               atol=1e-5, rtol=1e-4)
+
+
+def test_rolled_back_session_equals_a_fresh_prefill(family, mel):
+    lm = tiny_lm(family)
+    s = lm.start(mel, "en")
+    s.extend(TOKENS)
+    s.rollback(4)
+    assert s.length == 2
+    after = s.extend([20, 21]).logits
+    fresh = lm.start(mel, "en")
+    expected = fresh.extend(TOKENS[:2] + [20, 21]).logits[2:]
+    torch.testing.assert_close(after, expected, atol=1e-5, rtol=1e-4)
+    # and the caches themselves hold the same keys and values
+    for a, b in zip(s.cache.layers, fresh.cache.layers):
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-4)
+
+
+def test_two_sessions_interleave_without_interference(family, mel):
+    lm = tiny_lm(family)
+    a, b = lm.start(mel, "en"), lm.start(mel[:, :100], "zh")
+    a.extend(TOKENS[:3])
+    b.extend([7, 8])
+    rest = a.extend(TOKENS[3:]).logits
+    torch.testing.assert_close(rest, lm.start(mel, "en").extend(TOKENS).logits[3:], atol=1e-5, rtol=1e-4)
+
+
+def test_errors(family, mel):
+    lm = tiny_lm(family)
+    s = lm.start(mel, "en")
+    with pytest.raises(ValueError, match="cannot roll back 1"):
+        s.rollback(1)
+    with pytest.raises(ValueError, match="at least one token"):
+        s.extend([])
+    with pytest.raises(ValueError, match="no prompt for caption language 'fr'"):
+        lm.start(mel, "fr")
+    with pytest.raises(ValueError, match="n_mels, frames"):
+        lm.start(mel[0], "en")
+
+
+def test_vocab_truncation_to_the_shared_size(mel):
+    a, b = tiny_lm("qwen2_5_omni", vocab=VOCAB), tiny_lm("qwen2_5_omni", vocab=VOCAB + 32)
+    assert shared_vocab(a, b) == VOCAB
+    assert b.start(mel, "en").prefill_logits.shape == (VOCAB,)
+
+
+def test_audio_tokens_grow_with_frames(family):
+    lm = tiny_lm(family)
+    counts = [audio_token_count(lm.model, n) for n in (100, 200, 400)]
+    assert counts[0] < counts[1] < counts[2]
