@@ -2,6 +2,8 @@
 
   speccap prepare      render the synthetic corpus (or validate a local MER2024 copy) into manifests
   speccap featurize    log-mel + prosody features for every manifest clip
+  speccap train        train the tokenizer and the embedded edge and cloud captioners
+  speccap caption      caption audio files with the edge or the cloud model
   speccap score        score a JSONL of captions against a manifest (BLEU-1/4, METEOR, ROUGE-L)
   speccap show         print a few clips of a manifest with their cue values and references
 
@@ -33,6 +35,40 @@ def _cmd_featurize(args) -> int:
     print(json.dumps({k: v for k, v in report.items() if k != "skipped"}))
     for s in report["skipped"]:
         print(f"skipped {s['id']}: {s['reason'] if 'reason' in s else s['skip']}", file=sys.stderr)
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from .models.captioners import train_captioners
+    report = train_captioners(load_params(args.params), progress=not args.quiet)
+    print(json.dumps({r: {k: v for k, v in report[r].items() if k not in ("history", "size")}
+                      for r in ("edge", "cloud")}, indent=1))
+    return 0
+
+
+def _cmd_caption(args) -> int:
+    import torch
+
+    from .data.audio_io import read_audio
+    from .data.features import clip_log_mel
+    from .models.generate import generate
+    from .models.loading import load_role
+    params = load_params(args.params)
+    torch.set_num_threads(args.threads)
+    lm = load_role(params, args.mode)
+    for path in args.files:
+        clip = read_audio(path, max_seconds=params.data.max_clip_seconds)
+        mel = clip_log_mel(clip.samples, params.features)
+        g = generate(lm, mel, args.language, args.max_new_tokens, args.temperature, args.seed)
+        if args.json:
+            print(json.dumps({"file": str(path), "caption": g.caption, "mode": args.mode, "language": args.language,
+                              "tokens": g.n_tokens, "prefill_s": round(g.prefill_seconds, 4),
+                              "ttft_s": round(g.token_seconds[0], 4) if g.token_seconds else None,
+                              "total_s": round(g.prefill_seconds + g.decode_seconds, 4),
+                              "otps": round(g.n_tokens / max(g.decode_seconds + g.prefill_seconds, 1e-9), 2),
+                              "notes": clip.notes}, ensure_ascii=False))
+        else:
+            print(f"{path}: {g.caption}")
     return 0
 
 
@@ -75,6 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("featurize", help="compute log-mel and prosody features (features.* params)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_featurize)
+    s = sub.add_parser("train", help="train the tokenizer and the embedded captioners (models.* params)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_train)
+    s = sub.add_parser("caption", help="caption audio files (any rate, mono or stereo) with one model")
+    s.add_argument("files", nargs="+", type=Path, help="audio files (WAV, FLAC, ...)")
+    s.add_argument("--mode", choices=("edge", "cloud"), default="edge", help="which model captions (default edge)")
+    s.add_argument("--language", choices=("en", "zh"), default="en", help="caption language (default en)")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), > 0 = sampling")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed")
+    s.add_argument("--max-new-tokens", type=int, default=128)
+    s.add_argument("--threads", type=int, default=2, help="CPU threads (the papers' edge has 2)")
+    s.add_argument("--json", action="store_true", help="one JSON object per file with the caption and timings")
+    s.set_defaults(func=_cmd_caption)
     s = sub.add_parser("score", help="score captions (JSONL with id, caption) against a manifest")
     s.add_argument("manifest", type=Path, help="manifest JSONL, e.g. data/processed/manifests/test.en.jsonl")
     s.add_argument("captions", type=Path, help="JSONL with one {\"id\": ..., \"caption\": ...} per line")
@@ -90,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, ValueError, LookupError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, LookupError) as exc:  # AudioError, ModelLoadError too
         print(f"speccap {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -50,6 +50,12 @@ def log_mel(samples: np.ndarray, sr: int = 16000, n_mels: int = 128, n_fft: int 
     return ((logmel + 4.0) / 4.0).astype(np.float32)
 
 
+def clip_log_mel(samples: np.ndarray, params) -> np.ndarray:
+    """log-mel with the settings of a `FeatureParams` (what featurize stores, what the edge sends)."""
+    return log_mel(samples, sr=params.sample_rate, n_mels=params.n_mels, n_fft=params.n_fft,
+                   hop_length=params.hop_length)
+
+
 def _semitones(f0: np.ndarray) -> np.ndarray:
     return 12.0 * np.log2(f0 / 100.0)
 

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from ..config import Params
 from .audio_io import AudioError, read_audio
-from .features import PROSODY_KEYS, log_mel, prosody
+from .features import PROSODY_KEYS, clip_log_mel, prosody
 from .manifest import manifest_path, read_manifest
 from .synthetic import SPLITS
 
@@ -33,24 +33,23 @@ def load_clip_features(processed_dir: str | os.PathLike, clip_id: str) -> tuple[
         return z["mel"].astype(np.float32), z["prosody"].astype(np.float32)
 
 
-def _featurize_one(item: tuple[str, str], out_dir: Path, sr: int, n_mels: int, n_fft: int, hop: int,
-                   max_seconds: float) -> dict:
+def _featurize_one(item: tuple[str, str], out_dir: Path, fparams, max_seconds: float) -> dict:
     clip_id, path = item
     out = out_dir / f"{clip_id}.npz"
     if out.exists():
         try:
             with np.load(out) as z:
                 mel, pros = z["mel"], z["prosody"]
-                if mel.shape[0] == n_mels and len(pros) == len(PROSODY_KEYS):
+                if mel.shape[0] == fparams.n_mels and len(pros) == len(PROSODY_KEYS):
                     return {"id": clip_id, "frames": int(mel.shape[1]), **dict(zip(PROSODY_KEYS, map(float, pros)))}
         except (OSError, ValueError, KeyError):
             pass  # a damaged file from a crash: compute it again
     try:
-        clip = read_audio(path, max_seconds=max_seconds, target_sr=sr)
+        clip = read_audio(path, max_seconds=max_seconds, target_sr=fparams.sample_rate)
     except AudioError as exc:
         return {"id": clip_id, "skip": exc.problem, "path": str(path)}
-    mel = log_mel(clip.samples, sr=sr, n_mels=n_mels, n_fft=n_fft, hop_length=hop)
-    pros = prosody(clip.samples, sr=sr)
+    mel = clip_log_mel(clip.samples, fparams)
+    pros = prosody(clip.samples, sr=fparams.sample_rate)
     tmp = out_dir / f"{clip_id}.part.npz"
     # float16 halves the disk; log-mel values live in about [-1, 3], well inside its precision
     np.savez(tmp, mel=mel.astype(np.float16), prosody=np.array([pros[k] for k in PROSODY_KEYS], np.float32))
@@ -72,8 +71,7 @@ def featurize(params: Params, progress: bool = True) -> dict:
         raise FileNotFoundError(f"{processed / 'manifests'}: no manifests found; run the prepare stage first")
     out_dir = features_dir(processed)
     out_dir.mkdir(parents=True, exist_ok=True)
-    work = partial(_featurize_one, out_dir=out_dir, sr=f.sample_rate, n_mels=f.n_mels, n_fft=f.n_fft,
-                   hop=f.hop_length, max_seconds=params.data.max_clip_seconds)
+    work = partial(_featurize_one, out_dir=out_dir, fparams=f, max_seconds=params.data.max_clip_seconds)
     rows, skips = [], []
     todo = sorted(items.items())
     bar = tqdm(total=len(todo), desc="featurize", unit="clip", disable=not progress)

@@ -1,0 +1,312 @@
+"""The decoding loops: edge-only, cloud-only, and gated speculative decoding (UGSD).
+
+Compute is measured (wall time of each model call); communication is modelled by a `Link`;
+a virtual clock adds the two, so a sweep is fast and repeatable. The speculative loop:
+
+1. the edge drafts a block of L tokens (L from the length policy), keeping per-token stats;
+2. the gate looks at the block; a block it keeps local is committed as drafted;
+3. an escalated block goes up with only what the cloud has not seen: the tokens committed
+   since the last sync and the draft (the audio features once, with the first escalation);
+4. the cloud runs ONE forward over them on its persistent KV cache and the rule returns
+   (accepted prefix, one cloud token): both sides roll back past the rejected tokens and the
+   cloud token is committed (a correction, or a free bonus when the whole block passed).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..metrics.system import ResourceMonitor
+from ..models.base import AudioLM
+from ..models.generate import pick
+from . import packets
+from .gates import Gate
+from .link import Link
+from .policies import LengthPolicy
+from .stats import Block, token_stats
+from .verify import Rule
+
+
+@dataclass
+class CaptionRecord:
+    caption: str
+    token_ids: list[int]
+    method: str
+    # time, seconds (virtual clock: measured compute + modelled link)
+    ttft: float = 0.0
+    total_time: float = 0.0
+    edge_compute: float = 0.0
+    cloud_compute: float = 0.0
+    link_time: float = 0.0
+    wall_time: float = 0.0  # real seconds the loop took here
+    model_time: float = 0.0  # real seconds inside model forwards
+    prompt_tokens: int = 0
+    prefill_time: float = 0.0
+    # speculative accounting
+    rounds: int = 0
+    drafted: int = 0
+    transmitted: int = 0  # draft tokens sent to the cloud
+    synced: int = 0  # committed tokens sent to bring the cloud's cache up to date
+    accepted: int = 0
+    corrected: int = 0
+    bonus: int = 0
+    position_checked: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    bytes_up: int = 0
+    bytes_down: int = 0
+    packets: list[dict] = field(default_factory=list)
+    retransmissions: int = 0
+    resources: dict = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def metrics(self) -> dict:
+        """The per-caption metrics of the papers (TTFT, ITPS, OET, OTPS, ...) plus the accounting."""
+        oet = max(self.total_time - self.ttft, 0.0)
+        out = {
+            "ttft": self.ttft, "itps": self.prompt_tokens / self.prefill_time if self.prefill_time else 0.0,
+            "oet": oet, "otps": (self.n_tokens - 1) / oet if oet > 0 and self.n_tokens > 1 else 0.0,
+            "total_time": self.total_time, "edge_compute": self.edge_compute, "cloud_compute": self.cloud_compute,
+            "link_time": self.link_time, "wall_time": self.wall_time, "model_time": self.model_time,
+            "tokens": self.n_tokens, "rounds": self.rounds, "escalations": self.rounds, "drafted": self.drafted,
+            "transmitted": self.transmitted, "synced": self.synced, "accepted": self.accepted,
+            "corrected": self.corrected, "bonus": self.bonus,
+            "aal": self.accepted / self.rounds if self.rounds else 0.0,
+            "rho": self.transmitted / self.drafted if self.drafted else 0.0,
+            "bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "retransmissions": self.retransmissions,
+            "position_checked": self.position_checked, "position_accepted": self.position_accepted,
+        }
+        out.update(self.resources)
+        return out
+
+
+class _Clock:
+    """Measures model calls and keeps the virtual time."""
+
+    def __init__(self):
+        self.virtual = 0.0
+        self.model = 0.0
+
+    def run(self, fn, *args, **kwargs):
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        dt = time.perf_counter() - t
+        self.virtual += dt
+        self.model += dt
+        return out, dt
+
+
+def _finish(rec: CaptionRecord, lm: AudioLM, ids: list[int], clock: _Clock, wall0: float, mon: ResourceMonitor):
+    rec.token_ids = ids
+    rec.caption = lm.decode(ids)
+    rec.total_time = clock.virtual
+    rec.model_time = clock.model
+    rec.wall_time = time.perf_counter() - wall0
+    rec.resources = mon.summary()
+    return rec
+
+
+def edge_only(edge: AudioLM, features: np.ndarray, language: str, max_new_tokens: int = 128,
+              temperature: float = 0.0, seed: int = 0) -> CaptionRecord:
+    """The device alone: nothing crosses the link."""
+    return _local(edge, features, language, max_new_tokens, temperature, seed, "edge", link=None)
+
+
+def cloud_only(cloud: AudioLM, features: np.ndarray, language: str, link: Link, max_new_tokens: int = 128,
+               temperature: float = 0.0, seed: int = 0) -> CaptionRecord:
+    """The features go up once, the cloud generates, tokens come down as they are made."""
+    return _local(cloud, features, language, max_new_tokens, temperature, seed, "cloud", link=link)
+
+
+def _local(lm, features, language, max_new_tokens, temperature, seed, method, link: Link | None) -> CaptionRecord:
+    rng = np.random.default_rng(seed) if temperature > 0 else None
+    rec = CaptionRecord("", [], method)
+    clock = _Clock()
+    wall0 = time.perf_counter()
+    bits = packets.id_bits(lm.vocab_size)
+    with ResourceMonitor() as mon:
+        if link is not None:
+            up = packets.features_packet(1, features, language)
+            _charge(rec, clock, link, "up", "features", up)
+        session, dt = clock.run(lm.start, features, language)
+        rec.prefill_time = dt
+        rec.edge_compute, rec.cloud_compute = (dt, 0.0) if link is None else (0.0, dt)
+        rec.prompt_tokens = getattr(session, "prompt_len", 0)
+        ids: list[int] = []
+        logits = session.prefill_logits
+        while len(ids) < max_new_tokens:
+            tok = pick(logits, temperature, rng)
+            if link is not None:  # each token streams down as it is made
+                _charge(rec, clock, link, "down", "token", packets.verdict_packet(1, len(ids), 0, tok, bits),
+                        overlap=len(ids) > 0)
+            if not ids:
+                rec.ttft = clock.virtual
+            if tok == lm.eos_token_id:
+                break
+            ids.append(tok)
+            if len(ids) == max_new_tokens:
+                break
+            out, dt = clock.run(session.extend, [tok])
+            logits = out.logits[-1]
+            if link is None:
+                rec.edge_compute += dt
+            else:
+                rec.cloud_compute += dt
+    return _finish(rec, lm, ids, clock, wall0, mon)
+
+
+def _charge(rec: CaptionRecord, clock: _Clock, link: Link, direction: str, kind: str, payload: bytes,
+            overlap: bool = False) -> None:
+    """Account one packet. `overlap`: a streamed token whose transfer hides behind the next
+    token's compute; only its serialization beyond the propagation already paid is added."""
+    nbytes = len(payload)
+    before = link.retransmissions
+    seconds = link.send(payload, direction)
+    rec.retransmissions += link.retransmissions - before
+    charged = max(seconds - link.p.rtt_s / 2, 0.0) if overlap else seconds
+    clock.virtual += charged
+    rec.link_time += charged
+    if direction == "up":
+        rec.bytes_up += nbytes
+    else:
+        rec.bytes_down += nbytes
+    rec.packets.append({"dir": direction, "kind": kind, "bytes": nbytes, "seconds": seconds})
+
+
+@dataclass
+class SpecSettings:
+    gate: Gate
+    rule: Rule
+    policy: LengthPolicy
+    temperature: float = 0.0
+    max_new_tokens: int = 128
+    seed: int = 0
+
+
+def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: str, settings: SpecSettings,
+                link: Link, session_id: int = 1, keep_sessions: bool = False) -> CaptionRecord:
+    """Gated edge-cloud speculative decoding of one caption (the blocking loop).
+    `keep_sessions` leaves both model sessions on the record (`.sessions`) for inspection."""
+    rng = np.random.default_rng(settings.seed)
+    draft_rng = np.random.default_rng(settings.seed + 1_000_003) if settings.temperature > 0 else None
+    rec = CaptionRecord("", [], "speculative")
+    clock = _Clock()
+    wall0 = time.perf_counter()
+    eos = edge.eos_token_id
+    bits = packets.id_bits(min(edge.vocab_size, cloud.vocab_size))
+    policy, gate, rule = settings.policy, settings.gate, settings.rule
+    with ResourceMonitor() as mon:
+        e_sess, dt = clock.run(edge.start, features, language)
+        rec.prefill_time = rec.edge_compute = dt
+        rec.prompt_tokens = getattr(e_sess, "prompt_len", 0)
+        committed: list[int] = []
+        next_logits = e_sess.prefill_logits
+        c_sess = None
+        cloud_last: torch.Tensor | None = None  # cloud distribution after the last token in its cache
+        synced_upto = 0  # committed tokens the cloud's cache holds
+        seq = 0
+        done = False
+        while not done and len(committed) < settings.max_new_tokens:
+            # 1. draft
+            budget = min(policy.next_length(), settings.max_new_tokens - len(committed))
+            block = Block(start=len(committed))
+            logits = next_logits
+            in_cache = 0  # drafted tokens the edge cache holds (an end-of-sequence is never fed back)
+            for _ in range(budget):
+                tok = pick(logits, settings.temperature, draft_rng)
+                stats, q = token_stats(logits, tok, settings.temperature)
+                block.tokens.append(tok)
+                block.stats.append(stats)
+                if rule.needs_q:
+                    q = q.float()  # what would travel; the rule sees the same values
+                    block.q.append(q)
+                if tok == eos:
+                    break
+                out, dt = clock.run(e_sess.extend, [tok])
+                rec.edge_compute += dt
+                in_cache += 1
+                logits = out.logits[-1]
+            rec.drafted += len(block)
+            # 2. gate
+            if not gate.escalate(block):
+                committed.extend(t for t in block.tokens if t != eos)
+                next_logits = logits
+                done = bool(block.tokens) and block.tokens[-1] == eos
+                policy.update(len(block), len(block), escalated=False, corrected=False)
+                if not rec.ttft:
+                    rec.ttft = clock.virtual  # the first committed token (or the end) is known now
+                continue
+            # 3. escalate: only what the cloud has not seen
+            seq += 1
+            rec.rounds += 1
+            sync = committed[synced_upto:]
+            if c_sess is None:
+                up = packets.features_packet(session_id, features, language)
+                _charge(rec, clock, link, "up", "features", up)
+            up = packets.verify_packet(session_id, seq, sync, block.tokens, bits)
+            if rule.needs_q:
+                up += _q_payload(block.q)
+            _charge(rec, clock, link, "up", "verify", up)
+            rec.transmitted += len(block)
+            rec.synced += len(sync)
+            # 4. one cloud forward
+            if c_sess is None:
+                c_sess, dt = clock.run(cloud.start, features, language)
+                rec.cloud_compute += dt
+                cloud_last = c_sess.prefill_logits
+            out, dt = clock.run(c_sess.extend, sync + block.tokens)
+            rec.cloud_compute += dt
+            rows = torch.cat([cloud_last[None], out.logits])[len(sync):]  # row i scores draft token i
+            verdict = rule.verify(block.tokens, rows, block.q or None, eos, rng)
+            down = packets.verdict_packet(session_id, seq, verdict.accepted, verdict.token, bits)
+            _charge(rec, clock, link, "down", "verdict", down)
+            # roll back both sides past the rejected tokens
+            c_sess.rollback(len(block) - verdict.accepted)
+            cloud_last = rows[verdict.accepted]
+            e_sess.rollback(in_cache - min(verdict.accepted, in_cache))
+            accepted = block.tokens[: verdict.accepted]
+            committed.extend(t for t in accepted if t != eos)
+            synced_upto = len(committed)
+            rec.accepted += verdict.accepted
+            _positions(rec, verdict.accepted, len(verdict.ranks))
+            if verdict.token is None or (accepted and accepted[-1] == eos):
+                done = True
+            else:
+                if verdict.corrected:
+                    rec.corrected += 1
+                else:
+                    rec.bonus += 1
+                if verdict.token == eos:
+                    done = True
+                else:
+                    committed.append(verdict.token)
+                    if len(committed) < settings.max_new_tokens:
+                        out, dt = clock.run(e_sess.extend, [verdict.token])
+                        rec.edge_compute += dt
+                        next_logits = out.logits[-1]
+            if not rec.ttft:
+                rec.ttft = clock.virtual
+            policy.update(len(block), verdict.accepted, escalated=True, corrected=verdict.corrected)
+    if keep_sessions:
+        rec.sessions = (e_sess, c_sess)
+    return _finish(rec, edge, committed[: settings.max_new_tokens], clock, wall0, mon)
+
+
+def _positions(rec: CaptionRecord, accepted: int, checked: int) -> None:
+    while len(rec.position_checked) < checked:
+        rec.position_checked.append(0)
+        rec.position_accepted.append(0)
+    for i in range(checked):
+        rec.position_checked[i] += 1
+        rec.position_accepted[i] += int(i < accepted)
+
+
+def _q_payload(q: list[torch.Tensor]) -> bytes:
+    """spec_sampling's extra uplink: each draft distribution, dense float16 (the cost Q-S attacks)."""
+    return b"".join(x.to(torch.float16).numpy().tobytes() for x in q)

@@ -1,0 +1,130 @@
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from speccap.data.features import log_mel
+from speccap.decoding import packets
+from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, speculative
+from speccap.decoding.gates import make_gate
+from speccap.decoding.link import Link, LinkParams
+from speccap.decoding.policies import Fixed, UGSDAdaptive
+from speccap.decoding.stats import token_stats
+from speccap.decoding.verify import make_rule
+
+from ..models.conftest import tiny_lm
+
+MAX = 24
+
+
+@pytest.fixture(scope="module")
+def pair():
+    # two different models of the real class sharing a tokenizer: edge and cloud disagree often
+    return tiny_lm("qwen2_5_omni", seed=1), tiny_lm("qwen2_5_omni", seed=2)
+
+
+@pytest.fixture(scope="module")
+def audio():
+    t = np.arange(16000 * 2) / 16000
+    wave = (0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    return wave, log_mel(wave, hop_length=320)
+
+
+def _spec(gate="entropy", threshold=None, rule="greedy", policy=None, **kw):
+    return SpecSettings(gate=make_gate(gate, threshold), rule=make_rule(rule, rank=kw.pop("rank", 3)),
+                        policy=policy or Fixed(4), max_new_tokens=MAX, **kw)
+
+
+def test_gate_never_is_edge_only(pair, audio):
+    edge, cloud = pair
+    ref = edge_only(edge, audio[1], "en", MAX)
+    for policy in (Fixed(1), Fixed(5), UGSDAdaptive()):
+        rec = speculative(edge, cloud, audio[1], "en", _spec("never", policy=policy), Link(LinkParams()))
+        assert rec.token_ids == ref.token_ids
+        assert rec.rounds == 0 and rec.bytes_up == 0 and rec.transmitted == 0 and rec.drafted == len(ref.token_ids)
+
+
+@pytest.mark.parametrize("policy", [Fixed(1), Fixed(3), Fixed(7), UGSDAdaptive()])
+def test_gate_always_with_greedy_is_cloud_only(pair, audio, policy):
+    edge, cloud = pair
+    ref = cloud_only(cloud, audio[1], "en", Link(LinkParams()), MAX)
+    rec = speculative(edge, cloud, audio[1], "en", _spec("always", policy=policy), Link(LinkParams()))
+    assert rec.token_ids == ref.token_ids
+    assert rec.corrected > 0  # the two models really disagreed
+    assert rec.transmitted == rec.drafted and rec.metrics()["rho"] == 1.0
+
+
+def _entropy_quantile(lm, mel, q):
+    """A threshold that splits this (untrained, near-uniform) model's blocks: some stay local."""
+    s = lm.start(mel, "en")
+    logits, ents = s.prefill_logits, []
+    for _ in range(MAX):
+        tok = int(logits.argmax())
+        ents.append(token_stats(logits, tok)[0].entropy)
+        logits = s.extend([tok]).logits[-1]
+    return float(np.quantile(ents, q))
+
+
+def test_caches_equal_a_fresh_prefill_of_the_committed_tokens(pair, audio):
+    edge, cloud = pair
+    gamma = _entropy_quantile(edge, audio[1], 0.85)
+    rec = speculative(edge, cloud, audio[1], "en", _spec("entropy", gamma, "rank", rank=3), Link(LinkParams()),
+                      keep_sessions=True)
+    e_sess, c_sess = rec.sessions
+    assert 0 < rec.rounds and rec.drafted > rec.transmitted  # some blocks stayed local
+    ids = rec.token_ids
+    for lm, sess in ((edge, e_sess), (cloud, c_sess)):
+        n = sess.length
+        assert n <= len(ids)
+        fresh = lm.start(audio[1], "en")
+        fresh.extend(ids[:n])
+        for a, b in zip(sess.cache.layers, fresh.cache.layers):
+            torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)
+    assert e_sess.length == len(ids)  # the edge holds every committed token
+
+
+def test_bytes_are_the_serialized_packets_and_no_waveform_leaves(pair, audio):
+    edge, cloud = pair
+    wave, mel = audio
+    sent = []
+    link = Link(LinkParams(), tap=lambda d, p: sent.append((d, p)))
+    rec = speculative(edge, cloud, mel, "en", _spec("always", rule="rank", rank=3), link)
+    assert rec.bytes_up == sum(len(p) for d, p in sent if d == "up")
+    assert rec.bytes_down == sum(len(p) for d, p in sent if d == "down")
+    bits = packets.id_bits(edge.vocab_size)
+    kinds = [packets.parse_header(p)[0] for d, p in sent if d == "up"]
+    assert kinds[0] == packets.FEATURES and kinds.count(packets.FEATURES) == 1  # features once per caption
+    drafted = 0
+    for d, p in sent:
+        if d == "up" and packets.parse_header(p)[0] == packets.VERIFY:
+            _, _, sync, draft = packets.parse_verify(p)
+            assert len(p) == 17 + -(-(len(sync) + len(draft)) * bits // 8)
+            drafted += len(draft)
+    assert drafted == rec.transmitted
+    blob = b"".join(p for _, p in sent)
+    for encoded in (wave.astype(np.float32).tobytes(), (wave * 32767).astype(np.int16).tobytes(),
+                    wave.astype(np.float16).tobytes()):
+        for start in range(0, len(encoded) - 64, len(encoded) // 50):
+            assert encoded[start:start + 64] not in blob
+
+
+def test_accounting_adds_up(pair, audio):
+    edge, cloud = pair
+    rec = speculative(edge, cloud, audio[1], "en", _spec("always", rule="rank", rank=2, policy=Fixed(4)),
+                      Link(LinkParams(rtt_s=0.05)))
+    m = rec.metrics()
+    assert m["accepted"] + m["corrected"] + m["bonus"] >= len(rec.token_ids) - 1
+    assert m["total_time"] == pytest.approx(m["edge_compute"] + m["cloud_compute"] + m["link_time"], rel=1e-6)
+    assert m["link_time"] >= m["rounds"] * 0.05  # one RTT per round at least
+    assert sum(m["position_checked"]) >= m["accepted"] and m["position_checked"][0] == m["rounds"]
+    assert 0 < m["ttft"] <= m["total_time"] and m["cpu_percent"] > 0 and m["ram_gb"] > 0
+    assert "gpu_percent" not in m or m["gpu_percent"] >= 0
+
+
+def test_spec_sampling_runs_end_to_end(pair, audio):
+    edge, cloud = pair
+    rec = speculative(edge, cloud, audio[1], "en", _spec("always", rule="spec_sampling", temperature=1.0), Link(LinkParams()))
+    assert 0 < len(rec.token_ids) <= MAX
+    # the draft distributions travel: much more uplink than ids alone
+    assert rec.bytes_up > rec.transmitted * edge.vocab_size * 2

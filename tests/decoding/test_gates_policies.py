@@ -1,0 +1,55 @@
+import math
+
+import pytest
+import torch
+
+from speccap.decoding.gates import make_gate
+from speccap.decoding.policies import Fixed, UGSDAdaptive
+from speccap.decoding.stats import Block, token_stats
+
+
+def _block(dists: list[list[float]], tokens: list[int]) -> Block:
+    b = Block(start=0)
+    for d, t in zip(dists, tokens):
+        s, _ = token_stats(torch.log(torch.tensor(d)), t)
+        b.tokens.append(t)
+        b.stats.append(s)
+    return b
+
+
+def test_token_stats():
+    s, q = token_stats(torch.log(torch.tensor([0.7, 0.2, 0.1])), 1)
+    assert s.top1 == pytest.approx(0.7) and s.margin == pytest.approx(0.5) and s.rank == 2
+    assert s.logprob == pytest.approx(math.log(0.2))
+    assert s.entropy == pytest.approx(-(0.7 * math.log(0.7) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1)))
+    assert float(q.sum()) == pytest.approx(1.0)
+
+
+def test_gates_read_the_most_uncertain_token():
+    sure = [0.98, 0.01, 0.01]
+    unsure = [0.4, 0.35, 0.25]
+    calm, risky = _block([sure, sure], [0, 0]), _block([sure, unsure], [0, 1])
+    entropy = make_gate("entropy", 0.5)
+    assert not entropy.escalate(calm) and entropy.escalate(risky)
+    margin = make_gate("margin", 0.2)  # escalate when some margin < 0.2
+    assert not margin.escalate(calm) and margin.escalate(risky)
+    logprob = make_gate("logprob", math.log(0.5))  # escalate when some token is below p = 0.5
+    assert not logprob.escalate(calm) and logprob.escalate(risky)
+    assert make_gate("always").escalate(calm) and not make_gate("never").escalate(risky)
+    with pytest.raises(ValueError, match="needs a threshold"):
+        make_gate("entropy")
+    with pytest.raises(ValueError, match="unknown gate"):
+        make_gate("coin")
+
+
+def test_ugsd_adaptive_rule():
+    p = UGSDAdaptive(3, 5, 7)
+    seen = [p.next_length()]
+    for corrected in (False, False, False, True, False, True, False, False):
+        p.update(5, 5, True, corrected)
+        seen.append(p.next_length())
+    # Lbase first; Lmax after two clean blocks; Lmin after a correction; else Lbase
+    assert seen == [5, 5, 7, 7, 3, 5, 3, 5, 7]
+    assert Fixed(4).next_length() == 4
+    with pytest.raises(ValueError):
+        UGSDAdaptive(5, 3, 7)

@@ -1,0 +1,66 @@
+import numpy as np
+import pytest
+
+from speccap.decoding import packets
+from speccap.decoding.link import Link, LinkParams, MarkovChannel
+
+
+def test_id_bits_and_packing_roundtrip():
+    assert packets.id_bits(1000) == 10 and packets.id_bits(151936) == 18 and packets.id_bits(2) == 1
+    ids = [0, 1, 1023, 517, 3]
+    data = packets.pack_ids(ids, 10)
+    assert len(data) == 7 and packets.unpack_ids(data, 5, 10) == ids
+    with pytest.raises(packets.PacketError, match="does not fit"):
+        packets.pack_ids([1024], 10)
+
+
+def test_packets_roundtrip_with_exact_sizes():
+    up = packets.verify_packet(7, 3, [5, 6], [7, 8, 9], 18)
+    assert len(up) == 12 + 5 + int(np.ceil(5 * 18 / 8))
+    assert packets.parse_verify(up) == (7, 3, [5, 6], [7, 8, 9])
+    down = packets.verdict_packet(7, 3, 2, 151000, 18)
+    assert packets.parse_verdict(down) == (7, 3, 2, 151000)
+    assert packets.parse_verdict(packets.verdict_packet(7, 4, 3, None, 18)) == (7, 4, 3, None)
+    mel = np.random.default_rng(0).standard_normal((128, 50)).astype(np.float32)
+    f = packets.features_packet(7, mel, "zh")
+    assert len(f) == 12 + 8 + 128 * 50 * 2
+    sid, back, lang = packets.parse_features(f)
+    assert sid == 7 and lang == "zh" and np.allclose(back, mel, atol=1e-2)
+
+
+def test_malformed_packets():
+    with pytest.raises(packets.PacketError, match="shorter than"):
+        packets.parse_header(b"SC")
+    with pytest.raises(packets.PacketError, match="bad magic"):
+        packets.parse_header(b"XX" + bytes(10))
+    bad = bytearray(packets.verify_packet(1, 1, [], [1], 10))
+    bad[2] = 9
+    with pytest.raises(packets.PacketError, match="version 9"):
+        packets.parse_verify(bytes(bad))
+    with pytest.raises(packets.PacketError, match="expected a VERDICT"):
+        packets.parse_verdict(packets.verify_packet(1, 1, [], [1], 10))
+
+
+def test_link_time_formula_and_retransmissions():
+    link = Link(LinkParams(uplink_bps=1e6, downlink_bps=2e6, rtt_s=0.04, overhead_bytes=40))
+    assert link.send(bytes(960), "up") == pytest.approx(0.02 + 8 * 1000 / 1e6)
+    assert link.send(bytes(960), "down") == pytest.approx(0.02 + 8 * 1000 / 2e6)
+    lossy = [Link(LinkParams(rtt_s=0.05, packet_error_rate=0.3), seed=s) for s in (1, 1)]
+    a = [lossy[0].send(bytes(100), "up") for _ in range(200)]
+    b = [lossy[1].send(bytes(100), "up") for _ in range(200)]
+    assert a == b and lossy[0].retransmissions > 30  # seeded, and about 0.3/0.7 per packet
+    with pytest.raises(ValueError, match="packet error rate"):
+        Link(LinkParams(packet_error_rate=1.0))
+
+
+def test_markov_channel_switches_between_rates():
+    link = Link(LinkParams(rtt_s=0.0, overhead_bytes=0, markov=MarkovChannel(4e6, 350e3, 0.2, 0.2)), seed=0)
+    times = {round(link.send(bytes(1000), "up"), 6) for _ in range(100)}
+    assert times == {round(8000 / 4e6, 6), round(8000 / 350e3, 6)}
+
+
+def test_tap_sees_every_payload():
+    seen = []
+    link = Link(LinkParams(), tap=lambda d, p: seen.append((d, p)))
+    link.send(b"abc", "up")
+    assert seen == [("up", b"abc")]
