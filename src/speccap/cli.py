@@ -3,7 +3,7 @@
   speccap prepare      render the synthetic corpus (or validate a local MER2024 copy) into manifests
   speccap featurize    log-mel + prosody features for every manifest clip
   speccap train        train the tokenizer and the embedded edge and cloud captioners
-  speccap caption      caption audio files with the edge or the cloud model
+  speccap caption      caption audio files: edge-only, cloud-only or speculative (ugsd)
   speccap score        score a JSONL of captions against a manifest (BLEU-1/4, METEOR, ROUGE-L)
   speccap show         print a few clips of a manifest with their cue values and references
 
@@ -47,28 +47,45 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_caption(args) -> int:
+    import dataclasses
+
     import torch
 
     from .data.audio_io import read_audio
     from .data.features import clip_log_mel
-    from .models.generate import generate
+    from .decoding.engine import cloud_only, edge_only, settings_from_params, speculative
+    from .decoding.link import Link, link_params
+    from .models.base import shared_vocab
     from .models.loading import load_role
     params = load_params(args.params)
+    overrides = {k: v for k, v in (("gate", args.gate), ("threshold", args.threshold), ("block_len", args.block_len),
+                                   ("rank", args.rank), ("rule", args.rule), ("temperature", args.temperature))
+                 if v is not None}
+    decode = dataclasses.replace(params.decode, **overrides)
     torch.set_num_threads(args.threads)
-    lm = load_role(params, args.mode)
+    edge = load_role(params, "edge") if args.mode in ("edge", "ugsd") else None
+    cloud = load_role(params, "cloud") if args.mode in ("cloud", "ugsd") else None
+    if edge is not None and cloud is not None:
+        shared_vocab(edge, cloud)
+    max_new = params.models.max_new_tokens
     for path in args.files:
         clip = read_audio(path, max_seconds=params.data.max_clip_seconds)
         mel = clip_log_mel(clip.samples, params.features)
-        g = generate(lm, mel, args.language, args.max_new_tokens, args.temperature, args.seed)
-        if args.json:
-            print(json.dumps({"file": str(path), "caption": g.caption, "mode": args.mode, "language": args.language,
-                              "tokens": g.n_tokens, "prefill_s": round(g.prefill_seconds, 4),
-                              "ttft_s": round(g.token_seconds[0], 4) if g.token_seconds else None,
-                              "total_s": round(g.prefill_seconds + g.decode_seconds, 4),
-                              "otps": round(g.n_tokens / max(g.decode_seconds + g.prefill_seconds, 1e-9), 2),
-                              "notes": clip.notes}, ensure_ascii=False))
+        link = Link(link_params(params.link), seed=args.seed)
+        if args.mode == "edge":
+            rec = edge_only(edge, mel, args.language, max_new, decode.temperature, args.seed)
+        elif args.mode == "cloud":
+            rec = cloud_only(cloud, mel, args.language, link, max_new, decode.temperature, args.seed)
         else:
-            print(f"{path}: {g.caption}")
+            rec = speculative(edge, cloud, mel, args.language, settings_from_params(decode, max_new, args.seed), link)
+        if args.json:
+            metrics = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in rec.metrics().items()}
+            print(json.dumps({"file": str(path), "caption": rec.caption, "mode": args.mode, "language": args.language,
+                              "notes": clip.notes, **metrics}, ensure_ascii=False))
+        else:
+            m = rec.metrics()
+            extra = f"  [rho {m['rho']:.2f}, {m['rounds']} rounds]" if args.mode == "ugsd" else ""
+            print(f"{path}: {rec.caption}\n  ({m['tokens']} tokens, {m['total_time']:.3f} s modelled){extra}")
     return 0
 
 
@@ -116,11 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_train)
     s = sub.add_parser("caption", help="caption audio files (any rate, mono or stereo) with one model")
     s.add_argument("files", nargs="+", type=Path, help="audio files (WAV, FLAC, ...)")
-    s.add_argument("--mode", choices=("edge", "cloud"), default="edge", help="which model captions (default edge)")
+    s.add_argument("--mode", choices=("edge", "cloud", "ugsd"), default="edge",
+                   help="edge-only, cloud-only, or speculative (edge drafts, gated cloud verification)")
     s.add_argument("--language", choices=("en", "zh"), default="en", help="caption language (default en)")
-    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), > 0 = sampling")
-    s.add_argument("--seed", type=int, default=0, help="sampling seed")
-    s.add_argument("--max-new-tokens", type=int, default=128)
+    s.add_argument("--gate", choices=("never", "always", "entropy", "margin", "logprob"),
+                   help="ugsd: which blocks go to the cloud (default: decode.gate)")
+    s.add_argument("--threshold", type=float, help="gate threshold (entropy gamma, margin delta, log-prob)")
+    s.add_argument("--block-len", type=int, help="draft length L; 0 = UGSD adaptive (default: decode.block_len)")
+    s.add_argument("--rule", choices=("greedy", "rank", "spec_sampling"), help="verification rule")
+    s.add_argument("--rank", type=int, help="R of the rank rule")
+    s.add_argument("--temperature", type=float, help="0 = greedy; > 0 = sampling (default: decode.temperature)")
+    s.add_argument("--seed", type=int, default=0, help="sampling and link seed")
     s.add_argument("--threads", type=int, default=2, help="CPU threads (the papers' edge has 2)")
     s.add_argument("--json", action="store_true", help="one JSON object per file with the caption and timings")
     s.set_defaults(func=_cmd_caption)

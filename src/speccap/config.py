@@ -112,12 +112,53 @@ class ModelsParams:
 
 
 @dataclass(frozen=True)
+class AdaptiveParams:
+    l_min: int = 3
+    l_base: int = 5
+    l_max: int = 7
+
+
+@dataclass(frozen=True)
+class DecodeParams:
+    temperature: float = 0.0  # 0 = greedy drafting and generation
+    rule: str = "rank"  # greedy | rank | spec_sampling
+    # R of the rank rule. The papers' R = 20 is for Qwen's 152k vocabulary; with the embedded
+    # ~1k vocabulary a draft token's cloud rank is almost never above 20, so R is 1-3 here.
+    rank: int = 2
+    gate: str = "entropy"  # never | always | entropy | margin | logprob
+    threshold: float = 1.0
+    block_len: int = 5  # fixed draft length L; 0 = the UGSD adaptive rule below
+    adaptive: AdaptiveParams = field(default_factory=AdaptiveParams)
+
+
+@dataclass(frozen=True)
+class MarkovParams:
+    good_mbps: float = 4.0
+    bad_mbps: float = 0.35
+    p_good_to_bad: float = 0.1
+    p_bad_to_good: float = 0.3
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    name: str = "wifi"
+    uplink_mbps: float = 20.0
+    downlink_mbps: float = 100.0
+    rtt_ms: float = 50.0
+    packet_error_rate: float = 0.0
+    overhead_bytes: int = 40
+    markov: MarkovParams | None = None  # set: a two-state good/bad channel replaces the fixed rates
+
+
+@dataclass(frozen=True)
 class Params:
     seed: int = 0
     profile: str = "default"
     data: DataParams = field(default_factory=DataParams)
     features: FeatureParams = field(default_factory=FeatureParams)
     models: ModelsParams = field(default_factory=ModelsParams)
+    decode: DecodeParams = field(default_factory=DecodeParams)
+    link: LinkConfig = field(default_factory=LinkConfig)
 
 
 _CHOICES = {
@@ -129,6 +170,8 @@ _CHOICES = {
     "models.cloud.family": {"qwen2_5_omni", "qwen3_omni_moe"},
     "models.edge.dtype": {"auto", "float32", "bfloat16", "float16"},
     "models.cloud.dtype": {"auto", "float32", "bfloat16", "float16"},
+    "decode.rule": {"greedy", "rank", "spec_sampling"},
+    "decode.gate": {"never", "always", "entropy", "margin", "logprob"},
 }
 _LANGUAGES = {"en", "zh"}
 
@@ -202,6 +245,10 @@ def _validate(p: Params) -> None:
         if m.size.text_hidden % m.size.text_heads or m.size.text_heads % m.size.text_kv_heads:
             raise ConfigError(f"params keys models.{role}.size: text_hidden must divide by text_heads, "
                               "and text_heads by text_kv_heads")
+    if p.decode.rule == "spec_sampling" and p.decode.temperature <= 0:
+        raise ConfigError("params key decode.temperature: spec_sampling needs sampling (temperature > 0)")
+    if p.decode.block_len < 0 or p.decode.rank < 1:
+        raise ConfigError("params keys decode.block_len (>= 0, 0 = adaptive) / decode.rank (>= 1)")
     if p.features.hop_length < 1 or p.features.n_fft < p.features.hop_length:
         raise ConfigError("params keys features.hop_length / features.n_fft: need 1 <= hop_length <= n_fft")
 

@@ -58,5 +58,10 @@ def test_caption_command_on_a_wav(trained, capsys):
     assert main(["--params", str(params_file), "caption", wav, "--mode", "cloud", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mode"] == "cloud" and isinstance(out["caption"], str) and out["tokens"] <= 128
+    assert main(["--params", str(params_file), "caption", wav, "--mode", "ugsd", "--gate", "always", "--block-len",
+                 "3", "--rule", "greedy", "--json"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["rho"] == 1.0 and spec["rounds"] >= 1 and spec["bytes_up"] > 0
+    assert spec["caption"] == out["caption"]  # always + greedy = cloud-only
     assert main(["--params", str(params_file), "caption", wav + ".missing"]) == 2
     assert "file not found" in capsys.readouterr().err

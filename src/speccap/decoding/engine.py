@@ -56,6 +56,7 @@ class CaptionRecord:
     bonus: int = 0
     position_checked: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
+    cloud_tokens: int = 0  # token positions the cloud ran a forward over (prompt and audio included)
     bytes_up: int = 0
     bytes_down: int = 0
     packets: list[dict] = field(default_factory=list)
@@ -80,6 +81,7 @@ class CaptionRecord:
             "aal": self.accepted / self.rounds if self.rounds else 0.0,
             "rho": self.transmitted / self.drafted if self.drafted else 0.0,
             "bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "retransmissions": self.retransmissions,
+            "cloud_tokens": self.cloud_tokens,
             "position_checked": self.position_checked, "position_accepted": self.position_accepted,
         }
         out.update(self.resources)
@@ -137,7 +139,9 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
         session, dt = clock.run(lm.start, features, language)
         rec.prefill_time = dt
         rec.edge_compute, rec.cloud_compute = (dt, 0.0) if link is None else (0.0, dt)
-        rec.prompt_tokens = getattr(session, "prompt_len", 0)
+        rec.prompt_tokens = session.prompt_len
+        if link is not None:
+            rec.cloud_tokens = session.prompt_len
         ids: list[int] = []
         logits = session.prefill_logits
         while len(ids) < max_new_tokens:
@@ -158,6 +162,7 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
                 rec.edge_compute += dt
             else:
                 rec.cloud_compute += dt
+                rec.cloud_tokens += 1
     return _finish(rec, lm, ids, clock, wall0, mon)
 
 
@@ -187,6 +192,9 @@ class SpecSettings:
     temperature: float = 0.0
     max_new_tokens: int = 128
     seed: int = 0
+    # False: re-encode audio and prefix at every escalation, as the published implementation
+    # does (kept as the baseline the persistent cache is measured against)
+    cloud_cache: bool = True
 
 
 def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: str, settings: SpecSettings,
@@ -204,7 +212,7 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
     with ResourceMonitor() as mon:
         e_sess, dt = clock.run(edge.start, features, language)
         rec.prefill_time = rec.edge_compute = dt
-        rec.prompt_tokens = getattr(e_sess, "prompt_len", 0)
+        rec.prompt_tokens = e_sess.prompt_len
         committed: list[int] = []
         next_logits = e_sess.prefill_logits
         c_sess = None
@@ -256,11 +264,15 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
             rec.transmitted += len(block)
             rec.synced += len(sync)
             # 4. one cloud forward
-            if c_sess is None:
+            if c_sess is None or not settings.cloud_cache:
                 c_sess, dt = clock.run(cloud.start, features, language)
                 rec.cloud_compute += dt
+                rec.cloud_tokens += c_sess.prompt_len
                 cloud_last = c_sess.prefill_logits
+                if not settings.cloud_cache:
+                    sync = committed  # a fresh cache needs the whole caption so far again
             out, dt = clock.run(c_sess.extend, sync + block.tokens)
+            rec.cloud_tokens += len(sync) + len(block.tokens)
             rec.cloud_compute += dt
             rows = torch.cat([cloud_last[None], out.logits])[len(sync):]  # row i scores draft token i
             verdict = rule.verify(block.tokens, rows, block.q or None, eos, rng)
@@ -310,3 +322,15 @@ def _positions(rec: CaptionRecord, accepted: int, checked: int) -> None:
 def _q_payload(q: list[torch.Tensor]) -> bytes:
     """spec_sampling's extra uplink: each draft distribution, dense float16 (the cost Q-S attacks)."""
     return b"".join(x.to(torch.float16).numpy().tobytes() for x in q)
+
+
+def settings_from_params(decode, max_new_tokens: int, seed: int = 0) -> SpecSettings:
+    """SpecSettings from the `decode:` section of params (a config.DecodeParams)."""
+    from .gates import make_gate
+    from .policies import Fixed, UGSDAdaptive
+    from .verify import make_rule
+    a = decode.adaptive
+    policy = UGSDAdaptive(a.l_min, a.l_base, a.l_max) if decode.block_len == 0 else Fixed(decode.block_len)
+    gate = make_gate(decode.gate, None if decode.gate in ("never", "always") else decode.threshold)
+    return SpecSettings(gate=gate, rule=make_rule(decode.rule, decode.rank, decode.temperature or 1.0),
+                        policy=policy, temperature=decode.temperature, max_new_tokens=max_new_tokens, seed=seed)

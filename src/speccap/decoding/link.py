@@ -74,3 +74,14 @@ class Link:
             seconds += self.p.rtt_s + one  # timeout, then send again
         self.retransmissions += tries
         return seconds
+
+
+def link_params(cfg) -> LinkParams:
+    """LinkParams from the `link:` section of params (a config.LinkConfig)."""
+    markov = None
+    if cfg.markov is not None:
+        m = cfg.markov
+        markov = MarkovChannel(m.good_mbps * 1e6, m.bad_mbps * 1e6, m.p_good_to_bad, m.p_bad_to_good)
+    return LinkParams(name=cfg.name, uplink_bps=cfg.uplink_mbps * 1e6, downlink_bps=cfg.downlink_mbps * 1e6,
+                      rtt_s=cfg.rtt_ms / 1000, packet_error_rate=cfg.packet_error_rate,
+                      overhead_bytes=cfg.overhead_bytes, markov=markov)

@@ -28,6 +28,7 @@ class Session(ABC):
     """The KV-cached state of one caption on one model."""
 
     prefill_logits: torch.Tensor  # (V,) distribution of the first caption token
+    prompt_len: int  # positions the prefill covered (prompt and audio placeholders)
 
     @property
     @abstractmethod

@@ -85,6 +85,19 @@ def validation_loss(lm: ThinkerLM, examples: list[Example], batch_size: int) -> 
     return total / max(count, 1)
 
 
+def bucketed_order(train: list[Example], batch_size: int, rng: np.random.Generator, pool: int = 16) -> list[int]:
+    """One epoch's order: shuffle, sort each pool of `pool` batches by audio length, cut into
+    batches, shuffle the batches. Batches of similar lengths waste little compute on padding."""
+    perm = rng.permutation(len(train))
+    batches = []
+    span = batch_size * pool
+    for i in range(0, len(perm), span):
+        group = sorted(perm[i: i + span].tolist(), key=lambda j: train[j].mel.shape[1])
+        batches += [group[k: k + batch_size] for k in range(0, len(group), batch_size)]
+    batches = [b for b in batches if len(b) == batch_size] or batches
+    return [j for b in (batches[k] for k in rng.permutation(len(batches))) for j in b]
+
+
 def fingerprint(size: ThinkerSize, train: TrainParams, seed: int, family: str, data_ids: list[str]) -> str:
     blob = json.dumps([asdict(size), asdict(train), seed, family, data_ids], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -130,7 +143,7 @@ def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], set
     stopped_early = state.get("stopped_early", False)
     while state["step"] < settings.max_steps and not stopped_early:
         if len(state["order"]) < settings.batch_size:
-            state["order"] = rng.permutation(len(train)).tolist()
+            state["order"] = bucketed_order(train, settings.batch_size, rng)
         idx, state["order"] = state["order"][: settings.batch_size], state["order"][settings.batch_size:]
         chunk = [train[i] for i in idx]
         choice = [int(rng.integers(len(e.captions))) for e in chunk]
