@@ -9,7 +9,7 @@ setup:
 
 # the main job: every stage of dvc.yaml on the embedded default (params.yaml)
 repro: setup
-	dvc repro
+	bash scripts/with_prefect.sh dvc repro
 
 test: setup
 	$(PYTHON) -m pytest -q

@@ -27,14 +27,15 @@ from speccap.data.featurize import load_clip_features
 from speccap.data.manifest import manifest_path, read_manifest
 from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, settings_from_params, speculative
 from speccap.decoding.gates import make_gate
-from speccap.decoding.link import Link, LinkParams, link_params
+from speccap.config import LinkConfig
+from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.verify import make_rule
 from speccap.metrics.caption import score_captions
 from speccap.models.base import shared_vocab
 from speccap.models.loading import load_role
 
-NO_LINK = LinkParams(name="none", uplink_bps=1e15, downlink_bps=1e15, rtt_s=0.0, overhead_bytes=0)
+NO_LINK = LinkConfig(name="none", uplink_mbps=1e9, downlink_mbps=1e9, rtt_ms=0.0, overhead_bytes=0)
 
 
 def mean(xs):
@@ -54,7 +55,7 @@ def run(params_path, n_clips: int, out: Path, threads: int) -> dict:
             clips.append((rec, lang, load_clip_features(params.data.processed_dir, rec["id"])[0]))
     runs = {k: [] for k in ("edge", "cloud", "ugsd", "ugsd_nocache", "self_spec", "cloud_plain")}
     for rec, lang, mel in tqdm(clips, desc="decode", unit="clip"):
-        link = lambda: Link(link_params(params.link), seed=0)  # noqa: E731 - a fresh channel per run
+        link = lambda: Link(params.link, seed=0)  # noqa: E731 - a fresh channel per run
         runs["edge"].append(edge_only(edge, mel, lang, max_new))
         runs["cloud"].append(cloud_only(cloud, mel, lang, link(), max_new))
         runs["ugsd"].append(speculative(edge, cloud, mel, lang, settings_from_params(params.decode, max_new), link()))

@@ -25,3 +25,37 @@ def write_audio(tmp_path):
         sf.write(str(path), samples, sr, subtype=subtype)
         return path
     return write
+
+
+TINY_SIZE = {"text_hidden": 32, "text_layers": 1, "text_heads": 2, "text_kv_heads": 1, "text_ffn": 64, "audio_d": 32,
+             "audio_layers": 1, "audio_heads": 2, "audio_ffn": 64}
+TINY_STEPS = {"max_steps": 6, "batch_size": 4, "eval_every": 3, "warmup_steps": 2, "threads": 1}
+
+
+@pytest.fixture(scope="session")
+def tiny_project(tmp_path_factory):
+    """The pipeline's first stages for real at a tiny size: corpus, features, two trained captioners
+    (edge: Qwen2.5-Omni class, cloud: Qwen3-Omni-MoE class). Returns (params, train report, params.yaml)."""
+    import yaml
+
+    from speccap.config import params_from_dict
+    from speccap.data.featurize import featurize
+    from speccap.data.prepare import prepare
+    from speccap.models.captioners import train_captioners
+    root = tmp_path_factory.mktemp("project")
+    raw = {"data": {"raw_dir": str(root / "raw"), "processed_dir": str(root / "proc"),
+                    "synthetic": {"train_per_language": 4, "val_per_language": 2, "test_per_language": 3, "workers": 1}},
+           "features": {"hop_length": 320, "workers": 1},
+           "models": {"dir": str(root / "models"), "tokenizer_vocab": 200, "max_new_tokens": 8,
+                      "edge": {"size": TINY_SIZE, "train": TINY_STEPS},
+                      "cloud": {"family": "qwen3_omni_moe", "size": TINY_SIZE | {"text_hidden": 48}, "train": TINY_STEPS}},
+           "sweep": {"block_lens": [2, 0], "gates": {"margin": [0.5]}, "workers": 0, "runs_dir": str(root / "runs")},
+           "decode": {"threshold": 3.0, "block_len": 2},
+           "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}", "experiment": "test"}}
+    params = params_from_dict(raw)
+    prepare(params, progress=False)
+    featurize(params, progress=False)
+    report = train_captioners(params, progress=False)
+    params_file = root / "params.yaml"
+    params_file.write_text(yaml.safe_dump(raw))
+    return params, report, params_file

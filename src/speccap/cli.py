@@ -54,7 +54,7 @@ def _cmd_caption(args) -> int:
     from .data.audio_io import read_audio
     from .data.features import clip_log_mel
     from .decoding.engine import cloud_only, edge_only, settings_from_params, speculative
-    from .decoding.link import Link, link_params
+    from .decoding.link import Link
     from .models.base import shared_vocab
     from .models.loading import load_role
     params = load_params(args.params)
@@ -71,7 +71,7 @@ def _cmd_caption(args) -> int:
     for path in args.files:
         clip = read_audio(path, max_seconds=params.data.max_clip_seconds)
         mel = clip_log_mel(clip.samples, params.features)
-        link = Link(link_params(params.link), seed=args.seed)
+        link = Link(params.link, seed=args.seed)
         if args.mode == "edge":
             rec = edge_only(edge, mel, args.language, max_new, decode.temperature, args.seed)
         elif args.mode == "cloud":

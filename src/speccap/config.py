@@ -151,6 +151,26 @@ class LinkConfig:
 
 
 @dataclass(frozen=True)
+class SweepParams:
+    methods: tuple[str, ...] = ("edge", "cloud", "ugsd")
+    block_lens: tuple[int, ...] = (3, 5, 7, 10, 20, 50, 0)  # at decode.gate / decode.threshold; 0 = adaptive
+    gates: dict[str, tuple[float, ...]] = field(  # at decode.block_len
+        default_factory=lambda: {"entropy": (0.5, 1.0, 2.0), "margin": (0.1, 0.3, 0.5)})
+    clips: int = 0  # test clips per language; 0 = the whole test split
+    workers: int = 2  # processes, each with the models loaded once
+    threads: int = 1  # torch threads per worker
+    runs_dir: str = "reports/runs"
+
+
+@dataclass(frozen=True)
+class TrackingParams:
+    # sqlite:///mlflow.db = a SQLite store at the project root (one store for every DVC experiment
+    # copy); any MLflow URI works (http://host:5000); $MLFLOW_TRACKING_URI wins over this.
+    uri: str = "sqlite:///mlflow.db"
+    experiment: str = "speccap"
+
+
+@dataclass(frozen=True)
 class Params:
     seed: int = 0
     profile: str = "default"
@@ -159,6 +179,8 @@ class Params:
     models: ModelsParams = field(default_factory=ModelsParams)
     decode: DecodeParams = field(default_factory=DecodeParams)
     link: LinkConfig = field(default_factory=LinkConfig)
+    sweep: SweepParams = field(default_factory=SweepParams)
+    tracking: TrackingParams = field(default_factory=TrackingParams)
 
 
 _CHOICES = {
@@ -196,6 +218,10 @@ def _coerce(hint, value, key: str):
         return _build(hint, value or {}, key + ".")
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"params key {key}: expected a mapping, got {value!r}")
+        return {str(k): _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"params key {key}: expected a list, got {value!r}")
@@ -249,6 +275,12 @@ def _validate(p: Params) -> None:
         raise ConfigError("params key decode.temperature: spec_sampling needs sampling (temperature > 0)")
     if p.decode.block_len < 0 or p.decode.rank < 1:
         raise ConfigError("params keys decode.block_len (>= 0, 0 = adaptive) / decode.rank (>= 1)")
+    bad = [m for m in p.sweep.methods if m not in ("edge", "cloud", "ugsd")]
+    bad += [g for g in p.sweep.gates if g not in ("entropy", "margin", "logprob")]
+    if bad:
+        raise ConfigError(f"params keys sweep.methods / sweep.gates: unknown {bad}")
+    if any(length < 0 for length in p.sweep.block_lens) or p.sweep.workers < 0 or p.sweep.threads < 1:
+        raise ConfigError("params keys sweep.block_lens (>= 0), sweep.workers (>= 0), sweep.threads (>= 1)")
     if p.features.hop_length < 1 or p.features.n_fft < p.features.hop_length:
         raise ConfigError("params keys features.hop_length / features.n_fft: need 1 <= hop_length <= n_fft")
 

@@ -1,6 +1,7 @@
 from speccap.decoding.engine import SpecSettings, speculative
 from speccap.decoding.gates import make_gate
-from speccap.decoding.link import Link, LinkParams
+from speccap.config import LinkConfig
+from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.verify import make_rule
 
@@ -12,6 +13,6 @@ def test_persistent_cache_gives_the_same_caption_with_less_cloud_work(pair, audi
     runs = {}
     for cache in (True, False):
         s = SpecSettings(make_gate("always"), make_rule("greedy"), Fixed(3), max_new_tokens=20, cloud_cache=cache)
-        runs[cache] = speculative(edge, cloud, audio[1], "en", s, Link(LinkParams()))
+        runs[cache] = speculative(edge, cloud, audio[1], "en", s, Link(LinkConfig()))
     assert runs[True].token_ids == runs[False].token_ids
     assert runs[True].cloud_tokens < runs[False].cloud_tokens / 3

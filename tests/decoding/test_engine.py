@@ -7,7 +7,8 @@ from speccap.data.features import log_mel
 from speccap.decoding import packets
 from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, speculative
 from speccap.decoding.gates import make_gate
-from speccap.decoding.link import Link, LinkParams
+from speccap.config import LinkConfig
+from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed, UGSDAdaptive
 from speccap.decoding.stats import token_stats
 from speccap.decoding.verify import make_rule
@@ -39,7 +40,7 @@ def test_gate_never_is_edge_only(pair, audio):
     edge, cloud = pair
     ref = edge_only(edge, audio[1], "en", MAX)
     for policy in (Fixed(1), Fixed(5), UGSDAdaptive()):
-        rec = speculative(edge, cloud, audio[1], "en", _spec("never", policy=policy), Link(LinkParams()))
+        rec = speculative(edge, cloud, audio[1], "en", _spec("never", policy=policy), Link(LinkConfig()))
         assert rec.token_ids == ref.token_ids
         assert rec.rounds == 0 and rec.bytes_up == 0 and rec.transmitted == 0 and rec.drafted == len(ref.token_ids)
 
@@ -47,8 +48,8 @@ def test_gate_never_is_edge_only(pair, audio):
 @pytest.mark.parametrize("policy", [Fixed(1), Fixed(3), Fixed(7), UGSDAdaptive()])
 def test_gate_always_with_greedy_is_cloud_only(pair, audio, policy):
     edge, cloud = pair
-    ref = cloud_only(cloud, audio[1], "en", Link(LinkParams()), MAX)
-    rec = speculative(edge, cloud, audio[1], "en", _spec("always", policy=policy), Link(LinkParams()))
+    ref = cloud_only(cloud, audio[1], "en", Link(LinkConfig()), MAX)
+    rec = speculative(edge, cloud, audio[1], "en", _spec("always", policy=policy), Link(LinkConfig()))
     assert rec.token_ids == ref.token_ids
     assert rec.corrected > 0  # the two models really disagreed
     assert rec.transmitted == rec.drafted and rec.metrics()["rho"] == 1.0
@@ -68,7 +69,7 @@ def _entropy_quantile(lm, mel, q):
 def test_caches_equal_a_fresh_prefill_of_the_committed_tokens(pair, audio):
     edge, cloud = pair
     gamma = _entropy_quantile(edge, audio[1], 0.85)
-    rec = speculative(edge, cloud, audio[1], "en", _spec("entropy", gamma, "rank", rank=3), Link(LinkParams()),
+    rec = speculative(edge, cloud, audio[1], "en", _spec("entropy", gamma, "rank", rank=3), Link(LinkConfig()),
                       keep_sessions=True)
     e_sess, c_sess = rec.sessions
     assert 0 < rec.rounds and rec.drafted > rec.transmitted  # some blocks stayed local
@@ -88,7 +89,7 @@ def test_bytes_are_the_serialized_packets_and_no_waveform_leaves(pair, audio):
     edge, cloud = pair
     wave, mel = audio
     sent = []
-    link = Link(LinkParams(), tap=lambda d, p: sent.append((d, p)))
+    link = Link(LinkConfig(), tap=lambda d, p: sent.append((d, p)))
     rec = speculative(edge, cloud, mel, "en", _spec("always", rule="rank", rank=3), link)
     assert rec.bytes_up == sum(len(p) for d, p in sent if d == "up")
     assert rec.bytes_down == sum(len(p) for d, p in sent if d == "down")
@@ -112,7 +113,7 @@ def test_bytes_are_the_serialized_packets_and_no_waveform_leaves(pair, audio):
 def test_accounting_adds_up(pair, audio):
     edge, cloud = pair
     rec = speculative(edge, cloud, audio[1], "en", _spec("always", rule="rank", rank=2, policy=Fixed(4)),
-                      Link(LinkParams(rtt_s=0.05)))
+                      Link(LinkConfig(rtt_ms=50.0)))
     m = rec.metrics()
     assert m["accepted"] + m["corrected"] + m["bonus"] >= len(rec.token_ids) - 1
     assert m["total_time"] == pytest.approx(m["edge_compute"] + m["cloud_compute"] + m["link_time"], rel=1e-6)
@@ -124,7 +125,7 @@ def test_accounting_adds_up(pair, audio):
 
 def test_spec_sampling_runs_end_to_end(pair, audio):
     edge, cloud = pair
-    rec = speculative(edge, cloud, audio[1], "en", _spec("always", rule="spec_sampling", temperature=1.0), Link(LinkParams()))
+    rec = speculative(edge, cloud, audio[1], "en", _spec("always", rule="spec_sampling", temperature=1.0), Link(LinkConfig()))
     assert 0 < len(rec.token_ids) <= MAX
     # the draft distributions travel: much more uplink than ids alone
     assert rec.bytes_up > rec.transmitted * edge.vocab_size * 2

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from speccap.decoding import packets
-from speccap.decoding.link import Link, LinkParams, MarkovChannel
+from speccap.config import LinkConfig, MarkovParams
+from speccap.decoding.link import Link
 
 
 def test_id_bits_and_packing_roundtrip():
@@ -42,25 +43,25 @@ def test_malformed_packets():
 
 
 def test_link_time_formula_and_retransmissions():
-    link = Link(LinkParams(uplink_bps=1e6, downlink_bps=2e6, rtt_s=0.04, overhead_bytes=40))
+    link = Link(LinkConfig(uplink_mbps=1.0, downlink_mbps=2.0, rtt_ms=40.0, overhead_bytes=40))
     assert link.send(bytes(960), "up") == pytest.approx(0.02 + 8 * 1000 / 1e6)
     assert link.send(bytes(960), "down") == pytest.approx(0.02 + 8 * 1000 / 2e6)
-    lossy = [Link(LinkParams(rtt_s=0.05, packet_error_rate=0.3), seed=s) for s in (1, 1)]
+    lossy = [Link(LinkConfig(rtt_ms=50.0, packet_error_rate=0.3), seed=s) for s in (1, 1)]
     a = [lossy[0].send(bytes(100), "up") for _ in range(200)]
     b = [lossy[1].send(bytes(100), "up") for _ in range(200)]
     assert a == b and lossy[0].retransmissions > 30  # seeded, and about 0.3/0.7 per packet
     with pytest.raises(ValueError, match="packet error rate"):
-        Link(LinkParams(packet_error_rate=1.0))
+        Link(LinkConfig(packet_error_rate=1.0))
 
 
 def test_markov_channel_switches_between_rates():
-    link = Link(LinkParams(rtt_s=0.0, overhead_bytes=0, markov=MarkovChannel(4e6, 350e3, 0.2, 0.2)), seed=0)
+    link = Link(LinkConfig(rtt_ms=0.0, overhead_bytes=0, markov=MarkovParams(4.0, 0.35, 0.2, 0.2)), seed=0)
     times = {round(link.send(bytes(1000), "up"), 6) for _ in range(100)}
     assert times == {round(8000 / 4e6, 6), round(8000 / 350e3, 6)}
 
 
 def test_tap_sees_every_payload():
     seen = []
-    link = Link(LinkParams(), tap=lambda d, p: seen.append((d, p)))
+    link = Link(LinkConfig(), tap=lambda d, p: seen.append((d, p)))
     link.send(b"abc", "up")
     assert seen == [("up", b"abc")]

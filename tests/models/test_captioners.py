@@ -1,42 +1,14 @@
 import json
-
-import pytest
+from pathlib import Path
 
 from speccap.cli import main
-from speccap.config import params_from_dict
-from speccap.data.featurize import featurize, load_clip_features
+from speccap.data.featurize import load_clip_features
 from speccap.data.manifest import manifest_path, read_manifest
-from speccap.data.prepare import prepare
-from speccap.models.captioners import train_captioners
 from speccap.models.generate import generate
 from speccap.models.loading import load_role
 
-TINY = {"text_hidden": 32, "text_layers": 1, "text_heads": 2, "text_kv_heads": 1, "text_ffn": 64, "audio_d": 32,
-        "audio_layers": 1, "audio_heads": 2, "audio_ffn": 64}
-STEPS = {"max_steps": 6, "batch_size": 4, "eval_every": 3, "warmup_steps": 2, "threads": 1}
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipeline")
-    raw = {"data": {"raw_dir": str(root / "raw"), "processed_dir": str(root / "proc"),
-                    "synthetic": {"train_per_language": 4, "val_per_language": 2, "test_per_language": 2, "workers": 1}},
-           "features": {"hop_length": 320, "workers": 1},
-           "models": {"dir": str(root / "models"), "tokenizer_vocab": 200, "max_new_tokens": 8,
-                      "edge": {"size": TINY, "train": STEPS},
-                      "cloud": {"family": "qwen3_omni_moe", "size": TINY | {"text_hidden": 48}, "train": STEPS}}}
-    params = params_from_dict(raw)
-    prepare(params, progress=False)
-    featurize(params, progress=False)
-    report = train_captioners(params, progress=False)
-    params_file = root / "params.yaml"
-    import yaml
-    params_file.write_text(yaml.safe_dump(raw))
-    return params, report, params_file
-
-
-def test_train_stage_writes_both_captioners_and_the_tokenizer(trained):
-    params, report, _ = trained
+def test_train_stage_writes_both_captioners_and_the_tokenizer(tiny_project):
+    params, report, _ = tiny_project
     models = params.models.dir
     assert report["edge"]["parameters"] < report["cloud"]["parameters"]
     assert report["edge"]["steps"] == 6 and len(report["edge"]["history"]) == 2
@@ -49,11 +21,11 @@ def test_train_stage_writes_both_captioners_and_the_tokenizer(trained):
         g = generate(lm, mel, "zh", 8)
         assert 0 < g.n_tokens <= 8 or g.caption == ""
         # the finished run leaves no resume point behind
-        assert not (params.models.dir and __import__("pathlib").Path(models, role, "checkpoint.pt").exists())
+        assert not Path(models, role, "checkpoint.pt").exists()
 
 
-def test_caption_command_on_a_wav(trained, capsys):
-    params, _, params_file = trained
+def test_caption_command_on_a_wav(tiny_project, capsys):
+    params, _, params_file = tiny_project
     wav = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]["path"]
     assert main(["--params", str(params_file), "caption", wav, "--mode", "cloud", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

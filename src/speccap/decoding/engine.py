@@ -174,7 +174,7 @@ def _charge(rec: CaptionRecord, clock: _Clock, link: Link, direction: str, kind:
     before = link.retransmissions
     seconds = link.send(payload, direction)
     rec.retransmissions += link.retransmissions - before
-    charged = max(seconds - link.p.rtt_s / 2, 0.0) if overlap else seconds
+    charged = max(seconds - link.rtt_s / 2, 0.0) if overlap else seconds
     clock.virtual += charged
     rec.link_time += charged
     if direction == "up":

@@ -1,0 +1,23 @@
+"""The whole pipeline as one Prefect flow (the same stages dvc.yaml runs one by one):
+prepare -> featurize -> train -> decode -> report. `python -m flows.pipeline`."""
+
+from prefect import flow
+
+from flows.decode import decode_flow
+from flows.featurize import featurize_flow
+from flows.prepare import prepare_flow
+from flows.report import report_flow
+from flows.train import train_flow
+
+
+@flow(name="speccap-pipeline")
+def pipeline_flow(params_path: str | None = None) -> dict:
+    out = {"prepare": prepare_flow(params_path), "featurize": featurize_flow(params_path)}
+    out["train"] = train_flow(params_path)
+    out["decode"] = decode_flow(params_path)
+    out["report"] = report_flow(params_path)
+    return out
+
+
+if __name__ == "__main__":
+    print(pipeline_flow())

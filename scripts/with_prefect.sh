@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Run a command (e.g. `dvc repro`) with ONE local Prefect server shared by all its flows, instead of
+# a temporary server per DVC stage (10-20 s each, and one SQLite file under concurrent starts).
+# The server lives in .prefect/ (git-ignored) on a free loopback port and is stopped by its PID when
+# the command ends. If PREFECT_API_URL is already set (a shared server), the command just runs.
+set -euo pipefail
+if [ -n "${PREFECT_API_URL:-}" ]; then exec "$@"; fi
+root=$(cd "$(dirname "$0")/.." && pwd)
+export PREFECT_HOME="$root/.prefect" PREFECT_SERVER_ANALYTICS_ENABLED=false
+mkdir -p "$PREFECT_HOME"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+prefect server start --host 127.0.0.1 --port "$port" >"$PREFECT_HOME/server.log" 2>&1 &
+pid=$!
+trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' EXIT
+export PREFECT_API_URL="http://127.0.0.1:$port/api"
+python3 - "$PREFECT_API_URL" <<'PY'
+import sys, time, urllib.request
+for _ in range(120):
+    try:
+        urllib.request.urlopen(sys.argv[1] + "/health", timeout=2)
+        sys.exit(0)
+    except Exception:
+        time.sleep(0.5)
+sys.exit("Prefect server did not start: see .prefect/server.log")
+PY
+"$@"

@@ -1,0 +1,183 @@
+"""The report stage: tables (Markdown) mirroring the papers and plots (PNG + CSV for `dvc plots`)
+from the decode sweep's summary."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ..config import Params  # noqa: E402
+
+QUALITY = (("bleu1", "BLEU-1"), ("bleu4", "BLEU-4"), ("meteor", "METEOR"), ("rouge_l", "ROUGE-L"))
+EFFICIENCY = (("ttft", "TTFT s"), ("itps", "ITPS /s"), ("otps", "OTPS /s"), ("oet", "OET s"),
+              ("total_time", "Total s"), ("cpu_percent", "CPU %"), ("ram_gb", "RAM GB"),
+              ("gpu_percent", "GPU %"), ("gpu_memory_gb", "GPU mem GB"))
+
+
+def _fmt(v, nd=2):
+    return "–" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_fmt(x) for x in r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def default_ugsd(configs: list[dict], params: Params, lang: str) -> dict | None:
+    d = params.decode
+    for c in configs:
+        if (c["method"] == "ugsd" and c["language"] == lang and c["gate"] == d.gate and c["block_len"] == d.block_len
+                and (d.gate in ("never", "always") or abs((c["threshold"] or 0) - d.threshold) < 1e-9)):
+            return c
+    return None
+
+
+def build_report(params: Params, summary: dict, out_dir: str | Path = "reports") -> dict:
+    out = Path(out_dir)
+    (out / "tables").mkdir(parents=True, exist_ok=True)
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    ok = [c for c in summary["configs"] if c["status"] == "FINISHED"]
+    failed = [c for c in summary["configs"] if c["status"] != "FINISHED"]
+    langs = list(params.data.languages)
+    pick = {}
+    for lang in langs:
+        for m in ("edge", "cloud"):
+            pick[(lang, m)] = next((c for c in ok if c["method"] == m and c["language"] == lang), None)
+        pick[(lang, "ugsd")] = default_ugsd(ok, params, lang)
+    methods = (("edge", "Edge-only"), ("ugsd", "UGSD (default)"), ("cloud", "Cloud-only"))
+
+    # Table 3-4 style: quality per method and language
+    rows = []
+    for m, label in methods:
+        row = [label]
+        for lang in langs:
+            c = pick[(lang, m)]
+            row += [c["metrics"].get(k) if c else None for k, _ in QUALITY]
+        rows.append(row)
+    header = ["method"] + [f"{n} {lang}" for lang in langs for _, n in QUALITY]
+    (out / "tables" / "quality.md").write_text("# Caption quality (test split, x100)\n\n" + _table(header, rows))
+
+    # Table 2 style: efficiency
+    rows = []
+    for lang in langs:
+        for m, label in methods:
+            c = pick[(lang, m)]
+            rows.append([lang, label] + [c["metrics"].get(k) if c else None for k, _ in EFFICIENCY])
+    (out / "tables" / "efficiency.md").write_text(
+        "# Efficiency per caption (means; virtual clock = measured compute + modelled link)\n\n"
+        + _table(["lang", "method"] + [n for _, n in EFFICIENCY], rows))
+
+    # Table 5 style: what leaves the device
+    ugsd = [c for c in ok if c["method"] == "ugsd"]
+    rows = [[c["language"], c["name"], c["metrics"].get("rho"), c["metrics"].get("bytes_up"),
+             c["metrics"].get("rounds"), c["metrics"].get("aal"), c["metrics"].get("bleu1")] for c in ugsd]
+    for lang in langs:
+        for m in ("edge", "cloud"):
+            c = pick[(lang, m)]
+            if c:
+                rows.append([lang, c["name"], 0.0 if m == "edge" else 1.0, c["metrics"].get("bytes_up", 0.0),
+                             c["metrics"].get("rounds", 0.0), None, c["metrics"].get("bleu1")])
+    (out / "tables" / "privacy.md").write_text(
+        "# Token transmission rate (rho = transmitted / drafted) and uplink bytes per caption\n\n"
+        + _table(["lang", "config", "rho", "bytes up", "rounds", "AAL", "BLEU-1"], rows))
+
+    # L sweep at the default gate
+    d = params.decode
+    lsweep = sorted([c for c in ugsd if c["gate"] == d.gate and (d.gate in ("never", "always") or
+                     abs((c["threshold"] or 0) - d.threshold) < 1e-9)], key=lambda c: (c["language"], c["block_len"] or 999))
+    rows = [[c["language"], "adaptive" if c["block_len"] == 0 else c["block_len"]] +
+            [c["metrics"].get(k) for k in ("bleu1", "meteor", "rouge_l", "total_time", "rho", "aal", "rounds")]
+            for c in lsweep]
+    (out / "tables" / "l_sweep.md").write_text(
+        f"# Draft length L (gate {d.gate} {d.threshold:g}, rule {d.rule})\n\n"
+        + _table(["lang", "L", "BLEU-1", "METEOR", "ROUGE-L", "total s", "rho", "AAL", "rounds"], rows))
+    with open(out / "plots" / "l_sweep.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["language", "L", "bleu1", "total_time", "rho"])
+        for c in lsweep:
+            w.writerow([c["language"], c["block_len"] or "adaptive", c["metrics"]["bleu1"], c["metrics"]["total_time"],
+                        c["metrics"]["rho"]])
+
+    # gates at the default L
+    gates = sorted([c for c in ugsd if c["block_len"] == d.block_len], key=lambda c: (c["language"], c["gate"], c["threshold"] or 0))
+    rows = [[c["language"], c["gate"], c["threshold"]] + [c["metrics"].get(k) for k in ("bleu1", "meteor", "rouge_l",
+            "emotion_hit_rate", "rho", "total_time")] for c in gates]
+    (out / "tables" / "gates.md").write_text(
+        f"# Gates at L = {d.block_len}\n\n" + _table(["lang", "gate", "threshold", "BLEU-1", "METEOR", "ROUGE-L",
+                                                      "emotion hit %", "rho", "total s"], rows))
+    with open(out / "plots" / "quality_vs_rho.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["language", "config", "rho", "bleu1", "total_time"])
+        for c in ok:
+            rho = {"edge": 0.0, "cloud": 1.0}.get(c["method"], c["metrics"].get("rho", 0.0))
+            w.writerow([c["language"], c["name"], rho, c["metrics"]["bleu1"], c["metrics"]["total_time"]])
+
+    _plots(ok, langs, lsweep, out / "plots")
+    if failed:
+        (out / "tables" / "failed.md").write_text("# Failed configurations\n\n" + _table(
+            ["config", "error"], [[c["name"], c.get("error", "")[:300]] for c in failed]))
+    metrics = {lang: {m: ({k: pick[(lang, m)]["metrics"].get(k) for k in
+                           ("bleu1", "bleu4", "meteor", "rouge_l", "emotion_hit_rate", "total_time", "otps", "rho", "aal")}
+                          if pick[(lang, m)] else None) for m, _ in methods} for lang in langs}
+    metrics["configs"] = {"finished": len(ok), "failed": len(failed)}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    return metrics
+
+
+def _plots(ok: list[dict], langs: list[str], lsweep: list[dict], out: Path) -> None:
+    colors = {"edge": "tab:blue", "cloud": "tab:red", "ugsd": "tab:green"}
+    for name, xkey, xlabel in (("quality_vs_time", "total_time", "total time per caption (s)"),
+                               ("quality_vs_rho", "rho", "token transmission rate rho")):
+        fig, axes = plt.subplots(1, len(langs), figsize=(5.5 * len(langs), 4), squeeze=False)
+        for ax, lang in zip(axes[0], langs):
+            for c in (c for c in ok if c["language"] == lang):
+                x = c["metrics"].get(xkey, 0.0) if not (xkey == "rho" and c["method"] != "ugsd") else \
+                    (0.0 if c["method"] == "edge" else 1.0)
+                ax.scatter(x, c["metrics"]["bleu1"], color=colors[c["method"]], s=30,
+                           label=c["method"] if c["method"] != "ugsd" else "UGSD configs")
+            handles, labels = ax.get_legend_handles_labels()
+            uniq = dict(zip(labels, handles))
+            ax.legend(uniq.values(), uniq.keys(), fontsize=8)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("BLEU-1")
+            ax.set_title(lang)
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / f"{name}.png", dpi=110)
+        plt.close(fig)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for lang in langs:
+        pts = [c for c in lsweep if c["language"] == lang and c["block_len"]]
+        xs = [c["block_len"] for c in pts]
+        axes[0].plot(xs, [c["metrics"]["bleu1"] for c in pts], marker="o", label=lang)
+        axes[1].plot(xs, [c["metrics"]["total_time"] for c in pts], marker="o", label=lang)
+    for ax, ylabel in zip(axes, ("BLEU-1", "total time per caption (s)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("draft length L")
+        ax.set_ylabel(ylabel)
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "l_sweep.png", dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for c in lsweep:
+        acc = c["metrics"].get("position_acceptance") or []
+        if c["block_len"] in (7, 10, 20) and acc:
+            ax.plot(range(1, len(acc) + 1), acc, marker=".", label=f"{c['language']} L={c['block_len']}")
+    ax.set_xlabel("position in block")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "position_acceptance.png", dpi=110)
+    plt.close(fig)

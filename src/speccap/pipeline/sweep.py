@@ -1,0 +1,213 @@
+"""The decode sweep: every configuration (method x language x gate x threshold x L) over the test
+split, per-caption records written as they come, resumable, failures kept per configuration.
+
+A configuration's records live in `<runs_dir>/<key>.jsonl`, where the key hashes everything the
+records depend on (the configuration, decode and link settings, the models' weights, the clips).
+A rerun reads what is there and runs only the captions still missing; a changed model or
+setting gets a new key and starts afresh. Captioning fans out over worker processes that load
+the models once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import statistics
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import Params, load_params
+from ..data.manifest import append_jsonl, manifest_path, read_jsonl, read_manifest
+from ..metrics.caption import score_captions
+
+METHODS = ("edge", "cloud", "ugsd")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    method: str
+    language: str
+    gate: str = "none"
+    threshold: float | None = None
+    block_len: int = 0  # 0 = UGSD adaptive
+    rule: str = "none"
+    rank: int = 0
+
+    @property
+    def name(self) -> str:
+        if self.method != "ugsd":
+            return f"{self.method}-{self.language}"
+        thr = "" if self.threshold is None else f"{self.threshold:g}"
+        length = "Ladapt" if self.block_len == 0 else f"L{self.block_len}"
+        return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{self.rule}{self.rank if self.rule == 'rank' else ''}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def build_configs(params: Params) -> list[RunConfig]:
+    """Edge-only and cloud-only, the L sweep at the default gate, the gate sweep at the default L."""
+    sw, d = params.sweep, params.decode
+    configs: list[RunConfig] = []
+    for lang in params.data.languages:
+        for m in ("edge", "cloud"):
+            if m in sw.methods:
+                configs.append(RunConfig(m, lang))
+        if "ugsd" not in sw.methods:
+            continue
+        seen = set()
+        base = dict(rule=d.rule, rank=d.rank if d.rule == "rank" else 0)
+        default_thr = None if d.gate in ("never", "always") else d.threshold
+        for length in sw.block_lens:
+            seen.add(RunConfig("ugsd", lang, d.gate, default_thr, length, **base))
+        for gate, thresholds in sw.gates.items():
+            for thr in thresholds:
+                seen.add(RunConfig("ugsd", lang, gate, float(thr), d.block_len, **base))
+        configs += sorted(seen, key=lambda c: (c.gate, c.threshold or 0.0, c.block_len or 99))
+    return configs
+
+
+def models_fingerprint(params: Params) -> str:
+    """Hash of the weights and tokenizer the records come from (real checkpoints: their path)."""
+    h = hashlib.sha256()
+    for role in ("edge", "cloud"):
+        spec = getattr(params.models, role)
+        if spec.backend != "embedded":
+            h.update(f"{spec.backend}:{spec.path}".encode())
+            continue
+        for f in ("model.safetensors", "config.json"):
+            p = Path(params.models.dir) / role / f
+            h.update(p.read_bytes() if p.exists() else b"missing")
+    tok = Path(params.models.dir) / "tokenizer" / "tokenizer.json"
+    h.update(tok.read_bytes() if tok.exists() else b"")
+    return h.hexdigest()[:12]
+
+
+def eval_clips(params: Params, language: str) -> list[dict]:
+    recs = read_manifest(manifest_path(params.data.processed_dir, "test", language))
+    return recs[: params.sweep.clips] if params.sweep.clips else recs
+
+
+def config_key(cfg: RunConfig, params: Params, models_fp: str, clip_ids: list[str]) -> str:
+    blob = json.dumps([cfg.to_dict(), dataclasses.asdict(params.decode), dataclasses.asdict(params.link),
+                       params.models.max_new_tokens, params.seed, models_fp, clip_ids], sort_keys=True, default=str)
+    return f"{cfg.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+
+
+# ---- worker processes: models loaded once per process ----
+_W: dict = {}
+
+
+def _init_worker(params_path: str | None, threads: int) -> None:
+    import torch
+
+    from ..models.base import shared_vocab
+    from ..models.loading import load_role
+    torch.set_num_threads(threads)
+    params = load_params(params_path)
+    edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
+    shared_vocab(edge, cloud)
+    _W.update(params=params, edge=edge, cloud=cloud)
+
+
+def caption_one(job: tuple[dict, str]) -> dict:
+    """Caption one clip under one configuration (in a worker); errors become records, not crashes."""
+    from ..data.featurize import load_clip_features
+    from ..decoding.engine import cloud_only, edge_only, settings_from_params, speculative
+    from ..decoding.link import Link
+    cfg_d, clip_id = job
+    cfg = RunConfig(**cfg_d)
+    params: Params = _W["params"]
+    try:
+        mel, _ = load_clip_features(params.data.processed_dir, clip_id)
+        max_new = params.models.max_new_tokens
+        link = Link(params.link, seed=params.seed)
+        if cfg.method == "edge":
+            rec = edge_only(_W["edge"], mel, cfg.language, max_new, params.decode.temperature, params.seed)
+        elif cfg.method == "cloud":
+            rec = cloud_only(_W["cloud"], mel, cfg.language, link, max_new, params.decode.temperature, params.seed)
+        else:
+            decode = dataclasses.replace(params.decode, gate=cfg.gate, threshold=cfg.threshold or 0.0,
+                                         block_len=cfg.block_len, rule=cfg.rule, rank=max(cfg.rank, 1))
+            rec = speculative(_W["edge"], _W["cloud"], mel, cfg.language,
+                              settings_from_params(decode, max_new, params.seed), link)
+        return {"id": clip_id, "caption": rec.caption, **rec.metrics()}
+    except Exception as exc:  # noqa: BLE001 - recorded per caption; the configuration decides
+        return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+
+
+class Pool:
+    """Worker processes holding the models; `workers=0` runs in this process (tests, debugging)."""
+
+    def __init__(self, params_path: str | None, workers: int, threads: int):
+        self.workers = workers
+        if workers > 0:
+            self.pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker,
+                                                     initargs=(params_path, threads))
+        else:
+            _init_worker(params_path, threads)
+            self.pool = None
+
+    def imap(self, jobs):
+        if self.pool is None:
+            return map(caption_one, jobs)
+        return self.pool.imap_unordered(caption_one, jobs, chunksize=4)
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.join()
+
+
+def run_config(cfg: RunConfig, clips: list[dict], pool: Pool, path: Path, progress=None) -> list[dict]:
+    """Caption every clip not yet in `path` (appending each record as it comes); return all records."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()] if path.exists() else []
+    have = {r["id"]: r for r in (read_jsonl(path, tolerate_partial_last_line=True) if lines else [])
+            if "error" not in r}
+    if len(have) != len(lines):  # drop error records and a torn last line: they are retried
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in have.values()), encoding="utf-8")
+        os.replace(tmp, path)
+    todo = [(cfg.to_dict(), c["id"]) for c in clips if c["id"] not in have]
+    for rec in pool.imap(todo):
+        append_jsonl(path, rec)
+        have[rec["id"]] = rec
+        if progress is not None:
+            progress()
+    return [have[c["id"]] for c in clips]
+
+
+def summarize(cfg: RunConfig, records: list[dict], clips: list[dict]) -> dict:
+    """Quality against the references and the mean system metrics of one configuration."""
+    errors = [r for r in records if "error" in r]
+    if errors:
+        raise RuntimeError(f"{cfg.name}: {len(errors)} of {len(records)} captions failed; first: {errors[0]['error']}")
+    s = score_captions([r["caption"] for r in records], [c["references"] for c in clips], cfg.language,
+                       [c.get("emotion") for c in clips])
+    out = {k: v for k, v in s.summary().items() if isinstance(v, (int, float)) and v is not None}
+    keys = ("ttft", "itps", "oet", "otps", "total_time", "edge_compute", "cloud_compute", "link_time", "tokens",
+            "rounds", "drafted", "transmitted", "accepted", "corrected", "bonus", "bytes_up", "bytes_down",
+            "cpu_percent", "ram_gb", "gpu_percent", "gpu_memory_gb", "wall_time", "model_time", "cloud_tokens")
+    for k in keys:
+        vals = [r[k] for r in records if k in r]
+        if vals:
+            out[k] = statistics.fmean(vals)
+    drafted = sum(r.get("drafted", 0) for r in records)
+    rounds = sum(r.get("rounds", 0) for r in records)
+    out["rho"] = sum(r.get("transmitted", 0) for r in records) / drafted if drafted else 0.0
+    out["aal"] = sum(r.get("accepted", 0) for r in records) / rounds if rounds else 0.0
+    checked, accepted = [], []
+    for r in records:
+        for i, (c, a) in enumerate(zip(r.get("position_checked", []), r.get("position_accepted", []))):
+            if i >= len(checked):
+                checked.append(0)
+                accepted.append(0)
+            checked[i] += c
+            accepted[i] += a
+    out["position_acceptance"] = [a / c if c else 0.0 for a, c in zip(accepted, checked)]
+    return out

@@ -1,0 +1,145 @@
+"""The one place that talks to MLflow.
+
+Where runs go: $MLFLOW_TRACKING_URI if set, else `tracking.uri` from params, else a SQLite store
+`mlflow.db` at the project root. A relative SQLite path is resolved against the project root,
+not the working directory: DVC runs queued experiments in temporary copies of the repository
+under `.dvc/tmp/exps/`, and every copy must still write to the one store of the project.
+The store is never a DVC output (DVC deletes a stage's outputs before it runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+from pathlib import Path
+
+_EXPS = re.compile(r"^(.*?)/\.dvc/tmp/exps/")
+
+
+def project_root(start: str | os.PathLike | None = None) -> Path:
+    """The repository a process works for, also from inside a DVC temporary experiment copy."""
+    here = Path(start or os.getcwd()).resolve()
+    m = _EXPS.match(str(here) + "/")
+    if m:
+        return Path(m.group(1))
+    for p in (here, *here.parents):
+        if (p / "dvc.yaml").exists() or (p / ".git").exists():
+            return p
+    return here
+
+
+def resolve_uri(uri: str | None, root: Path | None = None) -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or uri or "sqlite:///mlflow.db"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        rel = uri[len("sqlite:///"):]
+        return f"sqlite:///{(root or project_root()) / rel}"
+    if "://" not in uri and not uri.startswith("/"):  # a bare folder: file store, relative to the root
+        return str((root or project_root()) / uri)
+    return uri
+
+
+def _mlflow(uri: str):
+    import logging
+
+    import mlflow
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    mlflow.set_tracking_uri(uri)
+    return mlflow
+
+
+def _clean_metrics(metrics: dict) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, bool):
+            v = float(v)
+        if isinstance(v, (int, float)) and math.isfinite(float(v)):
+            out[re.sub(r"[^A-Za-z0-9_\-. /]", "_", k)] = float(v)
+    return out
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, str]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = str(v)[:500]
+    return out
+
+
+class Tracker:
+    """Parent run per sweep, one nested run per configuration."""
+
+    def __init__(self, uri: str | None, experiment: str):
+        self.uri = resolve_uri(uri)
+        if self.uri.startswith("sqlite:///"):
+            Path(self.uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        self.mlflow = _mlflow(self.uri)
+        self.experiment = experiment
+        exp = self.mlflow.get_experiment_by_name(experiment)
+        self.experiment_id = exp.experiment_id if exp else self.mlflow.create_experiment(experiment)
+
+    @contextlib.contextmanager
+    def sweep(self, name: str, params: dict, tags: dict | None = None):
+        """A parent run; reused (not duplicated) when a sweep with the same key is resumed."""
+        key = tags.get("sweep_key") if tags else None
+        run_id = None
+        if key:
+            found = self.mlflow.search_runs([self.experiment_id], filter_string=f"tags.sweep_key = '{key}'",
+                                            output_format="list", max_results=1)
+            run_id = found[0].info.run_id if found else None
+        with self.mlflow.start_run(run_id=run_id, run_name=None if run_id else name,
+                                   experiment_id=self.experiment_id) as run:
+            if not run_id:
+                self.mlflow.log_params(_flat(params))
+                self.mlflow.set_tags(tags or {})
+            yield run.info.run_id
+
+    def finished(self, parent_id: str) -> set[str]:
+        """config ids already logged as FINISHED under this parent."""
+        runs = self.mlflow.search_runs([self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'",
+                                       output_format="list")
+        return {r.data.tags.get("config_id") for r in runs if r.info.status == "FINISHED"}
+
+    def log_config(self, parent_id: str, config_id: str, name: str, params: dict, metrics: dict,
+                   artifacts: list[str | os.PathLike] = (), error: str | None = None, series: dict | None = None) -> str:
+        """One nested run for one configuration; FAILED with the error when it failed."""
+        with self.mlflow.start_run(run_name=name, experiment_id=self.experiment_id, nested=True,
+                                   parent_run_id=parent_id) as run:
+            self.mlflow.set_tags({"config_id": config_id})
+            self.mlflow.log_params(_flat(params))
+            if metrics:
+                self.mlflow.log_metrics(_clean_metrics(metrics))
+            for name_, values in (series or {}).items():  # e.g. per-position acceptance, as a stepped metric
+                for step, v in enumerate(values):
+                    self.mlflow.log_metric(name_, float(v), step=step)
+            for a in artifacts:
+                if Path(a).exists():
+                    self.mlflow.log_artifact(str(a))
+            if error:
+                self.mlflow.set_tag("error", error[:5000])
+                self.mlflow.log_text(error, "error.txt")
+        if error:
+            self.mlflow.MlflowClient(self.uri).set_terminated(run.info.run_id, status="FAILED")
+        return run.info.run_id
+
+    def log_artifacts(self, run_id: str, paths: list[str | os.PathLike]) -> None:
+        client = self.mlflow.MlflowClient(self.uri)
+        for p in paths:
+            if Path(p).is_dir():
+                client.log_artifacts(run_id, str(p), artifact_path=Path(p).name)
+            elif Path(p).exists():
+                client.log_artifact(run_id, str(p))
+
+    def runs(self) -> list[dict]:
+        """Every run of the experiment as a plain dict (for tests and reports)."""
+        out = []
+        for r in self.mlflow.search_runs([self.experiment_id], output_format="list"):
+            out.append({"run_id": r.info.run_id, "status": r.info.status, "name": r.info.run_name,
+                        "params": dict(r.data.params), "metrics": dict(r.data.metrics), "tags": dict(r.data.tags)})
+        return out
+

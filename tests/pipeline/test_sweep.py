@@ -1,0 +1,59 @@
+import json
+
+import pytest
+
+from speccap.config import params_from_dict
+from speccap.pipeline.sweep import Pool, RunConfig, build_configs, config_key, run_config, summarize, eval_clips
+
+
+def test_configs_cover_baselines_l_sweep_and_gates():
+    p = params_from_dict({"sweep": {"block_lens": [3, 5, 0], "gates": {"entropy": [0.5, 1.0], "margin": [0.3]}},
+                          "decode": {"gate": "entropy", "threshold": 1.0, "block_len": 5}})
+    names = [c.name for c in build_configs(p)]
+    assert names.count("edge-en") == 1 and "cloud-zh" in names
+    ugsd_en = [n for n in names if n.startswith("ugsd-en")]
+    # L in {3, 5, adaptive} at entropy 1.0, plus entropy 0.5 and margin 0.3 at L = 5 (entropy 1.0 L5 once)
+    assert sorted(ugsd_en) == sorted(["ugsd-en-entropy1-L3-rank2", "ugsd-en-entropy1-L5-rank2",
+                                      "ugsd-en-entropy1-Ladapt-rank2", "ugsd-en-entropy0.5-L5-rank2",
+                                      "ugsd-en-margin0.3-L5-rank2"])
+
+
+def test_config_key_changes_with_what_the_records_depend_on():
+    p = params_from_dict({})
+    c = RunConfig("ugsd", "en", "entropy", 1.0, 5, "rank", 2)
+    k = config_key(c, p, "fp", ["a", "b"])
+    assert k != config_key(c, p, "fp2", ["a", "b"]) != config_key(c, p, "fp", ["a"])
+    assert k != config_key(c, params_from_dict({"link": {"rtt_ms": 5.0}}), "fp", ["a", "b"])
+    assert k == config_key(c, params_from_dict({}), "fp", ["a", "b"])
+
+
+def test_records_are_written_as_they_come_and_a_rerun_resumes(tiny_project, tmp_path):
+    params, _, params_file = tiny_project
+    pool = Pool(str(params_file), workers=0, threads=1)
+    clips = eval_clips(params, "en")
+    cfg = RunConfig("ugsd", "en", "entropy", 3.0, 2, "rank", 2)
+    path = tmp_path / "cfg.jsonl"
+    calls = []
+    records = run_config(cfg, clips, pool, path, progress=lambda: calls.append(1))
+    assert len(records) == len(clips) == 3 and len(calls) == 3
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:2]) + "\n" + lines[2][:10])  # the last record was torn by a crash
+    calls.clear()
+    again = run_config(cfg, clips, pool, path, progress=lambda: calls.append(1))
+    assert len(calls) == 1 and [r["caption"] for r in again] == [r["caption"] for r in records]
+    s = summarize(cfg, again, clips)
+    for key in ("bleu1", "meteor", "rouge_l", "rho", "aal", "total_time", "ttft", "otps", "bytes_up", "cpu_percent"):
+        assert key in s
+    assert 0 <= s["rho"] <= 1 and isinstance(s["position_acceptance"], list)
+
+
+def test_failed_captions_fail_the_configuration_with_the_reason(tiny_project, tmp_path):
+    params, _, params_file = tiny_project
+    pool = Pool(str(params_file), workers=0, threads=1)
+    clips = [{"id": "no-such-clip", "references": ["x"], "emotion": None}]
+    records = run_config(RunConfig("edge", "en"), clips, pool, tmp_path / "bad.jsonl")
+    assert "error" in records[0] and "no-such-clip" in records[0]["error"]
+    with pytest.raises(RuntimeError, match="1 of 1 captions failed"):
+        summarize(RunConfig("edge", "en"), records, clips)
+    # error records are retried on the next run, not kept
+    assert json.loads((tmp_path / "bad.jsonl").read_text().splitlines()[0])["id"] == "no-such-clip"
