@@ -6,9 +6,11 @@ clips that cannot be read are skipped and reported with the reason, never fatal.
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing as mp
 import os
+import zipfile
 from functools import partial
 from pathlib import Path
 
@@ -33,6 +35,18 @@ def load_clip_features(processed_dir: str | os.PathLike, clip_id: str) -> tuple[
         return z["mel"].astype(np.float32), z["prosody"].astype(np.float32)
 
 
+def write_npz(path: Path, **arrays: np.ndarray) -> None:
+    """Like np.savez, but byte-identical for identical arrays (np.savez stamps the current time
+    into the zip, so DVC would see new features and retrain on every run), and atomic."""
+    tmp = path.with_name(path.name + ".part")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
+        for name, arr in arrays.items():
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.ascontiguousarray(arr), allow_pickle=False)
+            zf.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buf.getvalue())
+    os.replace(tmp, path)
+
+
 def _featurize_one(item: tuple[str, str], out_dir: Path, fparams, max_seconds: float) -> dict:
     clip_id, path = item
     out = out_dir / f"{clip_id}.npz"
@@ -50,10 +64,8 @@ def _featurize_one(item: tuple[str, str], out_dir: Path, fparams, max_seconds: f
         return {"id": clip_id, "skip": exc.problem, "path": str(path)}
     mel = clip_log_mel(clip.samples, fparams)
     pros = prosody(clip.samples, sr=fparams.sample_rate)
-    tmp = out_dir / f"{clip_id}.part.npz"
     # float16 halves the disk; log-mel values live in about [-1, 3], well inside its precision
-    np.savez(tmp, mel=mel.astype(np.float16), prosody=np.array([pros[k] for k in PROSODY_KEYS], np.float32))
-    os.replace(tmp, out)
+    write_npz(out, mel=mel.astype(np.float16), prosody=np.array([pros[k] for k in PROSODY_KEYS], np.float32))
     return {"id": clip_id, "frames": int(mel.shape[1]), **pros}
 
 
