@@ -59,7 +59,8 @@ def _cmd_caption(args) -> int:
     from .models.loading import load_role
     params = load_params(args.params)
     overrides = {k: v for k, v in (("gate", args.gate), ("threshold", args.threshold), ("block_len", args.block_len),
-                                   ("rank", args.rank), ("rule", args.rule), ("temperature", args.temperature))
+                                   ("rank", args.rank), ("rule", args.rule), ("temperature", args.temperature),
+                                   ("in_flight", args.in_flight))
                  if v is not None}
     decode = dataclasses.replace(params.decode, **overrides)
     torch.set_num_threads(args.threads)
@@ -73,9 +74,10 @@ def _cmd_caption(args) -> int:
         mel = clip_log_mel(clip.samples, params.features)
         link = Link(params.link, seed=args.seed)
         if args.mode == "edge":
-            rec = edge_only(edge, mel, args.language, max_new, decode.temperature, args.seed)
+            rec = edge_only(edge, mel, args.language, max_new, decode.temperature, args.seed, decode.edge_time_scale)
         elif args.mode == "cloud":
-            rec = cloud_only(cloud, mel, args.language, link, max_new, decode.temperature, args.seed)
+            rec = cloud_only(cloud, mel, args.language, link, max_new, decode.temperature, args.seed,
+                             decode.cloud_time_scale)
         else:
             rec = speculative(edge, cloud, mel, args.language, settings_from_params(decode, max_new, args.seed), link)
         if args.json:
@@ -85,6 +87,8 @@ def _cmd_caption(args) -> int:
         else:
             m = rec.metrics()
             extra = f"  [rho {m['rho']:.2f}, {m['rounds']} rounds]" if args.mode == "ugsd" else ""
+            if m.get("in_flight"):
+                extra += f" [pipelined: {m['wasted']} drafted tokens thrown away, waited {m['wait_time']:.3f} s]"
             print(f"{path}: {rec.caption}\n  ({m['tokens']} tokens, {m['total_time']:.3f} s modelled){extra}")
     return 0
 
@@ -143,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rule", choices=("greedy", "rank", "spec_sampling"), help="verification rule")
     s.add_argument("--rank", type=int, help="R of the rank rule")
     s.add_argument("--temperature", type=float, help="0 = greedy; > 0 = sampling (default: decode.temperature)")
+    s.add_argument("--in-flight", type=int, help="pipelined verification: blocks in flight while the edge drafts "
+                   "ahead; 0 = the blocking loop (default: decode.in_flight)")
     s.add_argument("--seed", type=int, default=0, help="sampling and link seed")
     s.add_argument("--threads", type=int, default=2, help="CPU threads (the papers' edge has 2)")
     s.add_argument("--json", action="store_true", help="one JSON object per file with the caption and timings")

@@ -129,6 +129,13 @@ class DecodeParams:
     threshold: float = 1.0
     block_len: int = 5  # fixed draft length L; 0 = the UGSD adaptive rule below
     adaptive: AdaptiveParams = field(default_factory=AdaptiveParams)
+    # pipelined verification: escalated blocks in flight while the edge drafts ahead; 0 = the
+    # blocking loop of the papers (the edge waits for every verdict)
+    in_flight: int = 0
+    # hardware emulation on the virtual clock: measured compute times these (e.g. an edge 400x
+    # slower than this CPU runs the embedded edge at the papers' ~2 tokens/s)
+    edge_time_scale: float = 1.0
+    cloud_time_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,7 @@ class SweepParams:
     block_lens: tuple[int, ...] = (3, 5, 7, 10, 20, 50, 0)  # at decode.gate / decode.threshold; 0 = adaptive
     gates: dict[str, tuple[float, ...]] = field(  # at decode.block_len
         default_factory=lambda: {"entropy": (0.5, 1.0, 2.0), "margin": (0.1, 0.3, 0.5)})
+    in_flight: tuple[int, ...] = ()  # pipelined runs at the default gate and L (blocks in flight, >= 1)
     clips: int = 0  # test clips per language; 0 = the whole test split
     workers: int = 2  # processes, each with the models loaded once
     threads: int = 1  # torch threads per worker
@@ -275,6 +283,10 @@ def _validate(p: Params) -> None:
         raise ConfigError("params key decode.temperature: spec_sampling needs sampling (temperature > 0)")
     if p.decode.block_len < 0 or p.decode.rank < 1:
         raise ConfigError("params keys decode.block_len (>= 0, 0 = adaptive) / decode.rank (>= 1)")
+    if p.decode.in_flight < 0 or any(n < 0 for n in p.sweep.in_flight):
+        raise ConfigError("params keys decode.in_flight / sweep.in_flight: blocks in flight must be >= 0")
+    if p.decode.edge_time_scale <= 0 or p.decode.cloud_time_scale <= 0:
+        raise ConfigError("params keys decode.edge_time_scale / decode.cloud_time_scale must be > 0")
     bad = [m for m in p.sweep.methods if m not in ("edge", "cloud", "ugsd")]
     bad += [g for g in p.sweep.gates if g not in ("entropy", "margin", "logprob")]
     if bad:

@@ -17,6 +17,7 @@ def test_sweep_logs_a_run_per_config_survives_a_failure_and_resumes(tiny_project
     shutil.copytree(params.data.processed_dir, proc)
     raw["data"]["processed_dir"] = str(proc)
     raw["sweep"]["runs_dir"] = str(tmp_path / "runs")
+    raw["sweep"]["in_flight"] = [2]  # and the pipelined loop next to the blocking one
     raw["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "flow-test"}
     pfile = tmp_path / "params.yaml"
     pfile.write_text(yaml.safe_dump(raw))
@@ -31,12 +32,13 @@ def test_sweep_logs_a_run_per_config_survives_a_failure_and_resumes(tiny_project
     out = decode_flow(str(pfile))
     summary = json.loads((tmp_path / "reports" / "decode_summary.json").read_text())
     names = {c["name"]: c for c in summary["configs"]}
-    assert out["configs"] == len(names) == 2 * 5  # edge, cloud, L in {2, adaptive}, margin 0.5 at L = 2
+    # edge, cloud, L in {2, adaptive}, margin 0.5 at L = 2, pipelined N = 2 at L = 2
+    assert out["configs"] == len(names) == 2 * 6
     assert all(c["status"] == ("FAILED" if c["language"] == "zh" else "FINISHED") for c in names.values())
     tracker = Tracker(raw["tracking"]["uri"], "flow-test")
     runs = tracker.runs()
     nested = [r for r in runs if "config_id" in r["tags"]]
-    assert len(nested) == 10 and sum(r["status"] == "FAILED" for r in nested) == 5
+    assert len(nested) == 12 and sum(r["status"] == "FAILED" for r in nested) == 6
     edge_en = next(r for r in nested if r["name"] == "edge-en")
     for key in ("bleu1", "bleu4", "meteor", "rouge_l", "ttft", "itps", "oet", "otps", "total_time", "cpu_percent",
                 "ram_gb", "rho", "aal", "rounds", "bytes_up", "bytes_down"):
@@ -44,21 +46,26 @@ def test_sweep_logs_a_run_per_config_survives_a_failure_and_resumes(tiny_project
     assert edge_en["params"]["method"] == "edge" and edge_en["params"]["language"] == "en"
     failed = next(r for r in nested if r["name"] == "edge-zh")
     assert "failed" in failed["tags"]["error"]
+    piped = next(r for r in nested if r["name"].endswith("-N2") and r["status"] == "FINISHED")
+    assert piped["params"]["in_flight"] == "2" and "wasted" in piped["metrics"] and "wait_time" in piped["metrics"]
 
     # fix the clip and run again: only the failed configurations run; finished ones are not redone
     feat.write_bytes(good)
     en_records = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.jsonl") if p.name.split("-")[1] == "en"}
-    assert len(en_records) == 5
+    assert len(en_records) == 6
     decode_flow(str(pfile))
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.jsonl")
             if p.name.split("-")[1] == "en"} == en_records
     nested = [r for r in tracker.runs() if "config_id" in r["tags"]]
-    assert sum(r["status"] == "FINISHED" for r in nested) == 10 and len(nested) == 15
+    assert sum(r["status"] == "FINISHED" for r in nested) == 12 and len(nested) == 18
     assert len([r for r in tracker.runs() if "config_id" not in r["tags"]]) == 1  # one parent run
 
     metrics = report_flow(str(pfile))
     assert metrics["en"]["edge"]["bleu1"] >= 0 and metrics["configs"]["failed"] == 0
-    for f in ("quality.md", "efficiency.md", "privacy.md", "l_sweep.md", "gates.md"):
+    for f in ("quality.md", "efficiency.md", "privacy.md", "l_sweep.md", "gates.md", "pipelined.md"):
         assert (tmp_path / "reports" / "tables" / f).read_text().count("|") > 10
+    piped_table = (tmp_path / "reports" / "tables" / "pipelined.md").read_text()
+    assert "| en | blocking |" in piped_table and "| en | pipelined N=2 |" in piped_table
+    assert "N2" not in (tmp_path / "reports" / "tables" / "l_sweep.md").read_text()
     for f in ("quality_vs_time.png", "quality_vs_rho.png", "l_sweep.png", "position_acceptance.png"):
         assert (tmp_path / "reports" / "plots" / f).stat().st_size > 5000

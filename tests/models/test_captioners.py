@@ -35,5 +35,9 @@ def test_caption_command_on_a_wav(tiny_project, capsys):
     spec = json.loads(capsys.readouterr().out)
     assert spec["rho"] == 1.0 and spec["rounds"] >= 1 and spec["bytes_up"] > 0
     assert spec["caption"] == out["caption"]  # always + greedy = cloud-only
+    assert main(["--params", str(params_file), "caption", wav, "--mode", "ugsd", "--gate", "always", "--block-len",
+                 "3", "--rule", "greedy", "--in-flight", "2", "--json"]) == 0
+    piped = json.loads(capsys.readouterr().out)
+    assert piped["caption"] == out["caption"] and piped["in_flight"] == 2 and "wasted" in piped
     assert main(["--params", str(params_file), "caption", wav + ".missing"]) == 2
     assert "file not found" in capsys.readouterr().err

@@ -18,6 +18,17 @@ def test_configs_cover_baselines_l_sweep_and_gates():
                                       "ugsd-en-margin0.3-L5-rank2"])
 
 
+def test_pipelined_configs_sit_next_to_the_blocking_one():
+    p = params_from_dict({"sweep": {"block_lens": [3], "gates": {}, "in_flight": [1, 4]},
+                          "decode": {"gate": "entropy", "threshold": 1.0, "block_len": 5}})
+    ugsd_zh = [c for c in build_configs(p) if c.method == "ugsd" and c.language == "zh"]
+    assert sorted(c.name for c in ugsd_zh) == sorted([
+        "ugsd-zh-entropy1-L3-rank2", "ugsd-zh-entropy1-L5-rank2", "ugsd-zh-entropy1-L5-rank2-N1",
+        "ugsd-zh-entropy1-L5-rank2-N4"])
+    with pytest.raises(Exception, match="in_flight"):
+        params_from_dict({"sweep": {"in_flight": [-1]}})
+
+
 def test_config_key_changes_with_what_the_records_depend_on():
     p = params_from_dict({})
     c = RunConfig("ugsd", "en", "entropy", 1.0, 5, "rank", 2)

@@ -61,6 +61,12 @@ class CaptionRecord:
     bytes_down: int = 0
     packets: list[dict] = field(default_factory=list)
     retransmissions: int = 0
+    # pipelined loop: blocks allowed in flight, edge time spent waiting for verdicts, drafted tokens
+    # thrown away after a rejection (beyond the rejected block), blocks the cloud dropped as stale
+    in_flight: int = 0
+    wait_time: float = 0.0
+    wasted: int = 0
+    stale: int = 0
     resources: dict = field(default_factory=dict)
 
     @property
@@ -81,7 +87,8 @@ class CaptionRecord:
             "aal": self.accepted / self.rounds if self.rounds else 0.0,
             "rho": self.transmitted / self.drafted if self.drafted else 0.0,
             "bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "retransmissions": self.retransmissions,
-            "cloud_tokens": self.cloud_tokens,
+            "cloud_tokens": self.cloud_tokens, "in_flight": self.in_flight, "wait_time": self.wait_time,
+            "wasted": self.wasted, "stale": self.stale,
             "position_checked": self.position_checked, "position_accepted": self.position_accepted,
         }
         out.update(self.resources)
@@ -89,18 +96,25 @@ class CaptionRecord:
 
 
 class _Clock:
-    """Measures model calls and keeps the virtual time."""
+    """Measures model calls and keeps the virtual time. `scale` multiplies a measured call on the
+    virtual clock (hardware emulation: 2.0 = a device half as fast as this machine)."""
 
     def __init__(self):
         self.virtual = 0.0
         self.model = 0.0
 
-    def run(self, fn, *args, **kwargs):
+    def measure(self, fn, *args, scale: float = 1.0):
+        """Run a model call; return (output, scaled seconds) without advancing the virtual time
+        (for a call on another timeline, e.g. the cloud's in the pipelined loop)."""
         t = time.perf_counter()
-        out = fn(*args, **kwargs)
+        out = fn(*args)
         dt = time.perf_counter() - t
-        self.virtual += dt
         self.model += dt
+        return out, dt * scale
+
+    def run(self, fn, *args, scale: float = 1.0):
+        out, dt = self.measure(fn, *args, scale=scale)
+        self.virtual += dt
         return out, dt
 
 
@@ -115,18 +129,19 @@ def _finish(rec: CaptionRecord, lm: AudioLM, ids: list[int], clock: _Clock, wall
 
 
 def edge_only(edge: AudioLM, features: np.ndarray, language: str, max_new_tokens: int = 128,
-              temperature: float = 0.0, seed: int = 0) -> CaptionRecord:
+              temperature: float = 0.0, seed: int = 0, time_scale: float = 1.0) -> CaptionRecord:
     """The device alone: nothing crosses the link."""
-    return _local(edge, features, language, max_new_tokens, temperature, seed, "edge", link=None)
+    return _local(edge, features, language, max_new_tokens, temperature, seed, "edge", None, time_scale)
 
 
 def cloud_only(cloud: AudioLM, features: np.ndarray, language: str, link: Link, max_new_tokens: int = 128,
-               temperature: float = 0.0, seed: int = 0) -> CaptionRecord:
+               temperature: float = 0.0, seed: int = 0, time_scale: float = 1.0) -> CaptionRecord:
     """The features go up once, the cloud generates, tokens come down as they are made."""
-    return _local(cloud, features, language, max_new_tokens, temperature, seed, "cloud", link=link)
+    return _local(cloud, features, language, max_new_tokens, temperature, seed, "cloud", link, time_scale)
 
 
-def _local(lm, features, language, max_new_tokens, temperature, seed, method, link: Link | None) -> CaptionRecord:
+def _local(lm, features, language, max_new_tokens, temperature, seed, method, link: Link | None,
+           time_scale: float = 1.0) -> CaptionRecord:
     rng = np.random.default_rng(seed) if temperature > 0 else None
     rec = CaptionRecord("", [], method)
     clock = _Clock()
@@ -136,7 +151,7 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
         if link is not None:
             up = packets.features_packet(1, features, language)
             _charge(rec, clock, link, "up", "features", up)
-        session, dt = clock.run(lm.start, features, language)
+        session, dt = clock.run(lm.start, features, language, scale=time_scale)
         rec.prefill_time = dt
         rec.edge_compute, rec.cloud_compute = (dt, 0.0) if link is None else (0.0, dt)
         rec.prompt_tokens = session.prompt_len
@@ -156,7 +171,7 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
             ids.append(tok)
             if len(ids) == max_new_tokens:
                 break
-            out, dt = clock.run(session.extend, [tok])
+            out, dt = clock.run(session.extend, [tok], scale=time_scale)
             logits = out.logits[-1]
             if link is None:
                 rec.edge_compute += dt
@@ -166,22 +181,28 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
     return _finish(rec, lm, ids, clock, wall0, mon)
 
 
-def _charge(rec: CaptionRecord, clock: _Clock, link: Link, direction: str, kind: str, payload: bytes,
-            overlap: bool = False) -> None:
-    """Account one packet. `overlap`: a streamed token whose transfer hides behind the next
-    token's compute; only its serialization beyond the propagation already paid is added."""
+def _account(rec: CaptionRecord, link: Link, direction: str, kind: str, payload: bytes) -> float:
+    """Send one packet on the link model and book its bytes; returns its seconds on the wire."""
     nbytes = len(payload)
     before = link.retransmissions
     seconds = link.send(payload, direction)
     rec.retransmissions += link.retransmissions - before
-    charged = max(seconds - link.rtt_s / 2, 0.0) if overlap else seconds
-    clock.virtual += charged
-    rec.link_time += charged
     if direction == "up":
         rec.bytes_up += nbytes
     else:
         rec.bytes_down += nbytes
     rec.packets.append({"dir": direction, "kind": kind, "bytes": nbytes, "seconds": seconds})
+    return seconds
+
+
+def _charge(rec: CaptionRecord, clock: _Clock, link: Link, direction: str, kind: str, payload: bytes,
+            overlap: bool = False) -> None:
+    """Account one packet on the blocking clock. `overlap`: a streamed token whose transfer hides
+    behind the next token's compute; only its serialization beyond the propagation already paid is added."""
+    seconds = _account(rec, link, direction, kind, payload)
+    charged = max(seconds - link.rtt_s / 2, 0.0) if overlap else seconds
+    clock.virtual += charged
+    rec.link_time += charged
 
 
 @dataclass
@@ -195,14 +216,110 @@ class SpecSettings:
     # False: re-encode audio and prefix at every escalation, as the published implementation
     # does (kept as the baseline the persistent cache is measured against)
     cloud_cache: bool = True
+    # blocks in flight: 0 = the blocking loop (the edge waits for every verdict); N >= 1 = the
+    # pipelined loop (the edge drafts ahead while up to N escalated blocks are being verified)
+    in_flight: int = 0
+    # hardware emulation on the virtual clock: measured compute times these factors
+    edge_time_scale: float = 1.0
+    cloud_time_scale: float = 1.0
+
+
+class _Edge:
+    """The edge's half: its session and the drafting of one token at a time."""
+
+    def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, clock: _Clock, rec: CaptionRecord):
+        self.lm, self.s, self.clock, self.rec = lm, s, clock, rec
+        self.rng = np.random.default_rng(s.seed + 1_000_003) if s.temperature > 0 else None
+        self.sess, dt = clock.run(lm.start, features, language, scale=s.edge_time_scale)
+        rec.prefill_time = rec.edge_compute = dt
+        rec.prompt_tokens = self.sess.prompt_len
+        self.logits = self.sess.prefill_logits  # next-token logits after what the cache holds
+        self.cached = 0  # caption tokens in the edge's KV cache
+
+    def pick(self) -> int:
+        return pick(self.logits, self.s.temperature, self.rng)
+
+    def feed(self, tok: int) -> None:
+        out, dt = self.clock.run(self.sess.extend, [tok], scale=self.s.edge_time_scale)
+        self.rec.edge_compute += dt
+        self.logits = out.logits[-1]
+        self.cached += 1
+
+    def draft(self, block: Block, needs_q: bool) -> int:
+        """Draft one token into `block` (fed back to the cache unless it ends the caption)."""
+        tok = self.pick()
+        stats, q = token_stats(self.logits, tok, self.s.temperature)
+        block.tokens.append(tok)
+        block.stats.append(stats)
+        if needs_q:
+            block.q.append(q.float())  # what would travel; the rule sees the same values
+        if tok != self.lm.eos_token_id:
+            self.feed(tok)
+        return tok
+
+    def truncate(self, length: int) -> None:
+        """Crop the cache to the first `length` caption tokens (after a rejection)."""
+        self.sess.rollback(self.cached - length)
+        self.cached = length
+
+
+class _Cloud:
+    """The cloud's half: its session for this caption, opened on the first escalation. With
+    `cloud_cache` its KV cache persists across rounds; without, audio and prefix are re-encoded."""
+
+    def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, clock: _Clock, rec: CaptionRecord):
+        self.lm, self.features, self.language, self.s, self.clock, self.rec = lm, features, language, s, clock, rec
+        self.rng = np.random.default_rng(s.seed)
+        self.sess = None
+        self.last: torch.Tensor | None = None  # distribution after the last token in its cache
+
+    def verify(self, sync: list[int], prefix: list[int], block: Block, eos: int):
+        """One round: ONE forward over `sync` (committed tokens it has not seen) + the draft, the
+        rule's verdict, and the cache cropped past the rejected tokens. `prefix` is the whole
+        caption before the block (fed instead of `sync` when the cache is not kept). Returns the
+        verdict and the (scaled) compute seconds."""
+        s, spent = self.s, 0.0
+        if self.sess is None or not s.cloud_cache:
+            self.sess, dt = self.clock.measure(self.lm.start, self.features, self.language, scale=s.cloud_time_scale)
+            spent += dt
+            self.rec.cloud_tokens += self.sess.prompt_len
+            self.last = self.sess.prefill_logits
+            if not s.cloud_cache:
+                sync = prefix  # a fresh cache needs the whole caption so far again
+        out, dt = self.clock.measure(self.sess.extend, sync + block.tokens, scale=s.cloud_time_scale)
+        spent += dt
+        self.rec.cloud_tokens += len(sync) + len(block)
+        self.rec.cloud_compute += spent
+        rows = torch.cat([self.last[None], out.logits])[len(sync):]  # row i scores draft token i
+        verdict = s.rule.verify(block.tokens, rows, block.q or None, eos, self.rng)
+        self.sess.rollback(len(block) - verdict.accepted)
+        self.last = rows[verdict.accepted]
+        return verdict, spent
+
+
+def _verify_upload(rule: Rule, session_id: int, seq: int, sync: list[int], block: Block, bits: int) -> bytes:
+    up = packets.verify_packet(session_id, seq, sync, block.tokens, bits)
+    return up + _q_payload(block.q) if rule.needs_q else up
+
+
+def _book_verdict(rec: CaptionRecord, verdict) -> None:
+    rec.accepted += verdict.accepted
+    _positions(rec, verdict.accepted, len(verdict.ranks))
+    if verdict.token is not None:
+        if verdict.corrected:
+            rec.corrected += 1
+        else:
+            rec.bonus += 1
 
 
 def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: str, settings: SpecSettings,
                 link: Link, session_id: int = 1, keep_sessions: bool = False) -> CaptionRecord:
-    """Gated edge-cloud speculative decoding of one caption (the blocking loop).
-    `keep_sessions` leaves both model sessions on the record (`.sessions`) for inspection."""
-    rng = np.random.default_rng(settings.seed)
-    draft_rng = np.random.default_rng(settings.seed + 1_000_003) if settings.temperature > 0 else None
+    """Gated edge-cloud speculative decoding of one caption: the blocking loop, or the pipelined
+    one when `settings.in_flight` > 0. `keep_sessions` leaves both model sessions on the record
+    (`.sessions`) for inspection."""
+    if settings.in_flight > 0:
+        from .pipelined import pipelined
+        return pipelined(edge, cloud, features, language, settings, link, session_id, keep_sessions)
     rec = CaptionRecord("", [], "speculative")
     clock = _Clock()
     wall0 = time.perf_counter()
@@ -210,13 +327,9 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
     bits = packets.id_bits(min(edge.vocab_size, cloud.vocab_size))
     policy, gate, rule = settings.policy, settings.gate, settings.rule
     with ResourceMonitor() as mon:
-        e_sess, dt = clock.run(edge.start, features, language)
-        rec.prefill_time = rec.edge_compute = dt
-        rec.prompt_tokens = e_sess.prompt_len
+        ed = _Edge(edge, features, language, settings, clock, rec)
+        cl = _Cloud(cloud, features, language, settings, clock, rec)
         committed: list[int] = []
-        next_logits = e_sess.prefill_logits
-        c_sess = None
-        cloud_last: torch.Tensor | None = None  # cloud distribution after the last token in its cache
         synced_upto = 0  # committed tokens the cloud's cache holds
         seq = 0
         done = False
@@ -224,27 +337,12 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
             # 1. draft
             budget = min(policy.next_length(), settings.max_new_tokens - len(committed))
             block = Block(start=len(committed))
-            logits = next_logits
-            in_cache = 0  # drafted tokens the edge cache holds (an end-of-sequence is never fed back)
-            for _ in range(budget):
-                tok = pick(logits, settings.temperature, draft_rng)
-                stats, q = token_stats(logits, tok, settings.temperature)
-                block.tokens.append(tok)
-                block.stats.append(stats)
-                if rule.needs_q:
-                    q = q.float()  # what would travel; the rule sees the same values
-                    block.q.append(q)
-                if tok == eos:
-                    break
-                out, dt = clock.run(e_sess.extend, [tok])
-                rec.edge_compute += dt
-                in_cache += 1
-                logits = out.logits[-1]
+            while len(block) < budget and ed.draft(block, rule.needs_q) != eos:
+                pass
             rec.drafted += len(block)
             # 2. gate
             if not gate.escalate(block):
                 committed.extend(t for t in block.tokens if t != eos)
-                next_logits = logits
                 done = bool(block.tokens) and block.tokens[-1] == eos
                 policy.update(len(block), len(block), escalated=False, corrected=False)
                 if not rec.ttft:
@@ -254,59 +352,33 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
             seq += 1
             rec.rounds += 1
             sync = committed[synced_upto:]
-            if c_sess is None:
-                up = packets.features_packet(session_id, features, language)
-                _charge(rec, clock, link, "up", "features", up)
-            up = packets.verify_packet(session_id, seq, sync, block.tokens, bits)
-            if rule.needs_q:
-                up += _q_payload(block.q)
-            _charge(rec, clock, link, "up", "verify", up)
+            if cl.sess is None:
+                _charge(rec, clock, link, "up", "features", packets.features_packet(session_id, features, language))
+            _charge(rec, clock, link, "up", "verify", _verify_upload(rule, session_id, seq, sync, block, bits))
             rec.transmitted += len(block)
             rec.synced += len(sync)
             # 4. one cloud forward
-            if c_sess is None or not settings.cloud_cache:
-                c_sess, dt = clock.run(cloud.start, features, language)
-                rec.cloud_compute += dt
-                rec.cloud_tokens += c_sess.prompt_len
-                cloud_last = c_sess.prefill_logits
-                if not settings.cloud_cache:
-                    sync = committed  # a fresh cache needs the whole caption so far again
-            out, dt = clock.run(c_sess.extend, sync + block.tokens)
-            rec.cloud_tokens += len(sync) + len(block.tokens)
-            rec.cloud_compute += dt
-            rows = torch.cat([cloud_last[None], out.logits])[len(sync):]  # row i scores draft token i
-            verdict = rule.verify(block.tokens, rows, block.q or None, eos, rng)
-            down = packets.verdict_packet(session_id, seq, verdict.accepted, verdict.token, bits)
-            _charge(rec, clock, link, "down", "verdict", down)
-            # roll back both sides past the rejected tokens
-            c_sess.rollback(len(block) - verdict.accepted)
-            cloud_last = rows[verdict.accepted]
-            e_sess.rollback(in_cache - min(verdict.accepted, in_cache))
+            verdict, dt = cl.verify(sync, committed, block, eos)
+            clock.virtual += dt
+            _charge(rec, clock, link, "down", "verdict",
+                    packets.verdict_packet(session_id, seq, verdict.accepted, verdict.token, bits))
+            # roll back the edge past the rejected tokens, commit the cloud's token
             accepted = block.tokens[: verdict.accepted]
             committed.extend(t for t in accepted if t != eos)
+            ed.truncate(len(committed))
             synced_upto = len(committed)
-            rec.accepted += verdict.accepted
-            _positions(rec, verdict.accepted, len(verdict.ranks))
-            if verdict.token is None or (accepted and accepted[-1] == eos):
+            _book_verdict(rec, verdict)
+            if verdict.token is None or verdict.token == eos or (accepted and accepted[-1] == eos):
                 done = True
             else:
-                if verdict.corrected:
-                    rec.corrected += 1
-                else:
-                    rec.bonus += 1
-                if verdict.token == eos:
-                    done = True
-                else:
-                    committed.append(verdict.token)
-                    if len(committed) < settings.max_new_tokens:
-                        out, dt = clock.run(e_sess.extend, [verdict.token])
-                        rec.edge_compute += dt
-                        next_logits = out.logits[-1]
+                committed.append(verdict.token)
+                if len(committed) < settings.max_new_tokens:
+                    ed.feed(verdict.token)
             if not rec.ttft:
                 rec.ttft = clock.virtual
             policy.update(len(block), verdict.accepted, escalated=True, corrected=verdict.corrected)
     if keep_sessions:
-        rec.sessions = (e_sess, c_sess)
+        rec.sessions = (ed.sess, cl.sess)
     return _finish(rec, edge, committed[: settings.max_new_tokens], clock, wall0, mon)
 
 
@@ -333,4 +405,6 @@ def settings_from_params(decode, max_new_tokens: int, seed: int = 0) -> SpecSett
     policy = UGSDAdaptive(a.l_min, a.l_base, a.l_max) if decode.block_len == 0 else Fixed(decode.block_len)
     gate = make_gate(decode.gate, None if decode.gate in ("never", "always") else decode.threshold)
     return SpecSettings(gate=gate, rule=make_rule(decode.rule, decode.rank, decode.temperature or 1.0),
-                        policy=policy, temperature=decode.temperature, max_new_tokens=max_new_tokens, seed=seed)
+                        policy=policy, temperature=decode.temperature, max_new_tokens=max_new_tokens, seed=seed,
+                        in_flight=decode.in_flight, edge_time_scale=decode.edge_time_scale,
+                        cloud_time_scale=decode.cloud_time_scale)

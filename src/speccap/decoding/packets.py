@@ -5,6 +5,12 @@ Wire format (version 1), little-endian, each packet = 12-byte header + body:
   FEATURES   body: n_mels u16 | frames u32 | dtype u8 (1 = float16) | language u8 | data
   VERIFY     body: bits u8 | n_sync u16 | n_draft u16 | bit-packed token ids (sync then draft)
   VERDICT    body: bits u8 | accepted u16 | has_token u8 | bit-packed token id
+  PIPELINED  body: bits u8 | epoch u16 | n_sync u16 | n_draft u16 | has_guess u8 |
+             bit-packed token ids (sync, draft, then the guess)
+A PIPELINED packet is a VERIFY sent while earlier blocks are still being verified: `epoch` counts
+the rejections the edge has heard of (the cloud drops a block whose epoch is behind its own count:
+it was drafted on top of a rejected token) and `guess` is the edge's token after the draft, which
+the edge went on from, assuming the cloud's bonus token would be the same.
 Token ids are packed at ceil(log2 V) bits each. Only features and token ids are ever packed:
 no packet type carries waveform samples.
 """
@@ -19,11 +25,12 @@ import numpy as np
 
 MAGIC = b"SC"
 VERSION = 1
-FEATURES, VERIFY, VERDICT = 1, 2, 3
+FEATURES, VERIFY, VERDICT, PIPELINED = 1, 2, 3, 4
 _HEADER = struct.Struct("<2sBBII")
 _FEATURES = struct.Struct("<HIBB")
 _VERIFY = struct.Struct("<BHH")
 _VERDICT = struct.Struct("<BHB")
+_PIPELINED = struct.Struct("<BHHHB")
 LANGUAGES = ("en", "zh")
 
 
@@ -119,6 +126,23 @@ def parse_verdict(data: bytes) -> tuple[int, int, int, int | None]:
     bits, accepted, has = _VERDICT.unpack_from(data, _HEADER.size)
     ids = unpack_ids(data[_HEADER.size + _VERDICT.size:], 1 if has else 0, bits)
     return session, seq, accepted, (ids[0] if has else None)
+
+
+def pipelined_packet(session: int, seq: int, epoch: int, sync: list[int], draft: list[int], guess: int | None,
+                     bits: int) -> bytes:
+    extra = [] if guess is None else [guess]
+    return (_header(PIPELINED, session, seq) + _PIPELINED.pack(bits, epoch, len(sync), len(draft), guess is not None)
+            + pack_ids(list(sync) + list(draft) + extra, bits))
+
+
+def parse_pipelined(data: bytes) -> tuple[int, int, int, list[int], list[int], int | None]:
+    """(session, seq, epoch, sync, draft, guess) of a PIPELINED packet."""
+    kind, session, seq = parse_header(data)
+    if kind != PIPELINED:
+        raise PacketError(f"expected a PIPELINED packet, got kind {kind}")
+    bits, epoch, n_sync, n_draft, has = _PIPELINED.unpack_from(data, _HEADER.size)
+    ids = unpack_ids(data[_HEADER.size + _PIPELINED.size:], n_sync + n_draft + int(has), bits)
+    return session, seq, epoch, ids[:n_sync], ids[n_sync:n_sync + n_draft], (ids[-1] if has else None)
 
 
 @dataclass

@@ -30,11 +30,19 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(out) + "\n"
 
 
-def default_ugsd(configs: list[dict], params: Params, lang: str) -> dict | None:
+def _at_default_gate(c: dict, params: Params) -> bool:
     d = params.decode
+    return (c["method"] == "ugsd" and c["gate"] == d.gate
+            and (d.gate in ("never", "always") or abs((c["threshold"] or 0) - d.threshold) < 1e-9))
+
+
+def default_ugsd(configs: list[dict], params: Params, lang: str, in_flight: int | None = None) -> dict | None:
+    """The UGSD configuration at the default gate, threshold and L (and loop: decode.in_flight)."""
+    d = params.decode
+    n = d.in_flight if in_flight is None else in_flight
     for c in configs:
-        if (c["method"] == "ugsd" and c["language"] == lang and c["gate"] == d.gate and c["block_len"] == d.block_len
-                and (d.gate in ("never", "always") or abs((c["threshold"] or 0) - d.threshold) < 1e-9)):
+        if (_at_default_gate(c, params) and c["language"] == lang and c["block_len"] == d.block_len
+                and c.get("in_flight", 0) == n):
             return c
     return None
 
@@ -75,7 +83,8 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
         + _table(["lang", "method"] + [n for _, n in EFFICIENCY], rows))
 
     # Table 5 style: what leaves the device
-    ugsd = [c for c in ok if c["method"] == "ugsd"]
+    d = params.decode
+    ugsd = [c for c in ok if c["method"] == "ugsd" and c.get("in_flight", 0) == d.in_flight]
     rows = [[c["language"], c["name"], c["metrics"].get("rho"), c["metrics"].get("bytes_up"),
              c["metrics"].get("rounds"), c["metrics"].get("aal"), c["metrics"].get("bleu1")] for c in ugsd]
     for lang in langs:
@@ -89,9 +98,7 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
         + _table(["lang", "config", "rho", "bytes up", "rounds", "AAL", "BLEU-1"], rows))
 
     # L sweep at the default gate
-    d = params.decode
-    lsweep = sorted([c for c in ugsd if c["gate"] == d.gate and (d.gate in ("never", "always") or
-                     abs((c["threshold"] or 0) - d.threshold) < 1e-9)], key=lambda c: (c["language"], c["block_len"] or 999))
+    lsweep = sorted([c for c in ugsd if _at_default_gate(c, params)], key=lambda c: (c["language"], c["block_len"] or 999))
     rows = [[c["language"], "adaptive" if c["block_len"] == 0 else c["block_len"]] +
             [c["metrics"].get(k) for k in ("bleu1", "meteor", "rouge_l", "total_time", "rho", "aal", "rounds")]
             for c in lsweep]
@@ -119,7 +126,8 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
             rho = {"edge": 0.0, "cloud": 1.0}.get(c["method"], c["metrics"].get("rho", 0.0))
             w.writerow([c["language"], c["name"], rho, c["metrics"]["bleu1"], c["metrics"]["total_time"]])
 
-    _plots(ok, langs, lsweep, out / "plots")
+    _pipelined_table(params, ok, langs, pick, out)
+    _plots([c for c in ok if c.get("in_flight", 0) == d.in_flight], langs, lsweep, out / "plots")
     if failed:
         (out / "tables" / "failed.md").write_text("# Failed configurations\n\n" + _table(
             ["config", "error"], [[c["name"], c.get("error", "")[:300]] for c in failed]))
@@ -129,6 +137,34 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
     metrics["configs"] = {"finished": len(ok), "failed": len(failed)}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
     return metrics
+
+
+def _pipelined_table(params: Params, ok: list[dict], langs: list[str], pick: dict, out: Path) -> None:
+    """Blocking vs pipelined verification at the default gate and L, against edge- and cloud-only."""
+    rows = []
+    for lang in langs:
+        edge = pick[(lang, "edge")]
+        base = edge["metrics"]["total_time"] if edge else None
+        runs = sorted((c for c in ok if c["language"] == lang and c["method"] == "ugsd"
+                       and c == default_ugsd(ok, params, lang, c.get("in_flight", 0))),
+                      key=lambda c: c.get("in_flight", 0))
+        for c in [edge] + runs + [pick[(lang, "cloud")]]:
+            if c is None:
+                continue
+            m = c["metrics"]
+            mode = c["method"] if c["method"] != "ugsd" else (
+                f"pipelined N={c['in_flight']}" if c.get("in_flight") else "blocking")
+            rows.append([lang, mode, m.get("total_time"), m.get("total_time") / base if base else None, m.get("otps"),
+                         m.get("wait_time", 0.0), m.get("wasted", 0.0), m.get("stale", 0.0), m.get("rounds", 0.0),
+                         m.get("bleu1")])
+    d = params.decode
+    (out / "tables" / "pipelined.md").write_text(
+        f"# Blocking vs pipelined verification (gate {d.gate} {d.threshold:g}, L = {d.block_len or 'adaptive'}, "
+        f"link {params.link.name}: RTT {params.link.rtt_ms:g} ms)\n\nPer caption means. N = blocks in flight while the "
+        "edge drafts ahead; wasted = drafted tokens thrown away after a rejection; stale = blocks the cloud dropped "
+        "unverified. For greedy rules the captions are the blocking loop's, so quality only moves with sampling.\n\n"
+        + _table(["lang", "mode", "total s", "x edge-only", "OTPS", "wait s", "wasted", "stale", "rounds", "BLEU-1"],
+                 rows))
 
 
 def _plots(ok: list[dict], langs: list[str], lsweep: list[dict], out: Path) -> None:

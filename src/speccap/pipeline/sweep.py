@@ -36,6 +36,7 @@ class RunConfig:
     block_len: int = 0  # 0 = UGSD adaptive
     rule: str = "none"
     rank: int = 0
+    in_flight: int = 0  # 0 = the blocking loop; N = pipelined with N blocks in flight
 
     @property
     def name(self) -> str:
@@ -43,14 +44,16 @@ class RunConfig:
             return f"{self.method}-{self.language}"
         thr = "" if self.threshold is None else f"{self.threshold:g}"
         length = "Ladapt" if self.block_len == 0 else f"L{self.block_len}"
-        return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{self.rule}{self.rank if self.rule == 'rank' else ''}"
+        piped = f"-N{self.in_flight}" if self.in_flight else ""
+        return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{self.rule}{self.rank if self.rule == 'rank' else ''}{piped}"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 def build_configs(params: Params) -> list[RunConfig]:
-    """Edge-only and cloud-only, the L sweep at the default gate, the gate sweep at the default L."""
+    """Edge-only and cloud-only, the L sweep at the default gate, the gate sweep at the default L
+    (all in the default loop, decode.in_flight), and the pipelined loop at the default gate and L."""
     sw, d = params.sweep, params.decode
     configs: list[RunConfig] = []
     for lang in params.data.languages:
@@ -63,11 +66,13 @@ def build_configs(params: Params) -> list[RunConfig]:
         base = dict(rule=d.rule, rank=d.rank if d.rule == "rank" else 0)
         default_thr = None if d.gate in ("never", "always") else d.threshold
         for length in sw.block_lens:
-            seen.add(RunConfig("ugsd", lang, d.gate, default_thr, length, **base))
+            seen.add(RunConfig("ugsd", lang, d.gate, default_thr, length, in_flight=d.in_flight, **base))
         for gate, thresholds in sw.gates.items():
             for thr in thresholds:
-                seen.add(RunConfig("ugsd", lang, gate, float(thr), d.block_len, **base))
-        configs += sorted(seen, key=lambda c: (c.gate, c.threshold or 0.0, c.block_len or 99))
+                seen.add(RunConfig("ugsd", lang, gate, float(thr), d.block_len, in_flight=d.in_flight, **base))
+        for n in (0, *sw.in_flight):
+            seen.add(RunConfig("ugsd", lang, d.gate, default_thr, d.block_len, in_flight=n, **base))
+        configs += sorted(seen, key=lambda c: (c.gate, c.threshold or 0.0, c.block_len or 99, c.in_flight))
     return configs
 
 
@@ -127,12 +132,15 @@ def caption_one(job: tuple[dict, str]) -> dict:
         max_new = params.models.max_new_tokens
         link = Link(params.link, seed=params.seed)
         if cfg.method == "edge":
-            rec = edge_only(_W["edge"], mel, cfg.language, max_new, params.decode.temperature, params.seed)
+            rec = edge_only(_W["edge"], mel, cfg.language, max_new, params.decode.temperature, params.seed,
+                            params.decode.edge_time_scale)
         elif cfg.method == "cloud":
-            rec = cloud_only(_W["cloud"], mel, cfg.language, link, max_new, params.decode.temperature, params.seed)
+            rec = cloud_only(_W["cloud"], mel, cfg.language, link, max_new, params.decode.temperature, params.seed,
+                             params.decode.cloud_time_scale)
         else:
             decode = dataclasses.replace(params.decode, gate=cfg.gate, threshold=cfg.threshold or 0.0,
-                                         block_len=cfg.block_len, rule=cfg.rule, rank=max(cfg.rank, 1))
+                                         block_len=cfg.block_len, rule=cfg.rule, rank=max(cfg.rank, 1),
+                                         in_flight=cfg.in_flight)
             rec = speculative(_W["edge"], _W["cloud"], mel, cfg.language,
                               settings_from_params(decode, max_new, params.seed), link)
         return {"id": clip_id, "caption": rec.caption, **rec.metrics()}
@@ -192,7 +200,8 @@ def summarize(cfg: RunConfig, records: list[dict], clips: list[dict]) -> dict:
     out = {k: v for k, v in s.summary().items() if isinstance(v, (int, float)) and v is not None}
     keys = ("ttft", "itps", "oet", "otps", "total_time", "edge_compute", "cloud_compute", "link_time", "tokens",
             "rounds", "drafted", "transmitted", "accepted", "corrected", "bonus", "bytes_up", "bytes_down",
-            "cpu_percent", "ram_gb", "gpu_percent", "gpu_memory_gb", "wall_time", "model_time", "cloud_tokens")
+            "cpu_percent", "ram_gb", "gpu_percent", "gpu_memory_gb", "wall_time", "model_time", "cloud_tokens",
+            "wait_time", "wasted", "stale")
     for k in keys:
         vals = [r[k] for r in records if k in r]
         if vals:

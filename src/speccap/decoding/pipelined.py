@@ -1,0 +1,232 @@
+"""The pipelined speculative loop: the edge drafts ahead while escalated blocks are verified.
+
+The blocking loop (engine.speculative) stops for a round trip plus the cloud's forward at every
+escalation. Here the edge sends the block and goes on drafting, assuming the block will be accepted
+whole and that the cloud's free bonus token will be the edge's own next token (the "guess", sent
+with the block so that the cloud can tell). At most `in_flight` escalated blocks are outstanding.
+When a verdict contradicts the assumption (a rejection, or a bonus other than the guess), the edge
+crops its cache to that point, throws away everything drafted after it, and resumes from the
+cloud's token.
+
+Staying consistent without a round trip: every packet carries the edge's epoch, the number of
+contradicting verdicts it has received. The cloud counts the contradicting verdicts it has issued;
+a block whose epoch is behind was drafted on top of a rejected token, and the cloud drops it
+unverified (it never verifies tokens that depend on a rejected one). Blocks of a caption are handled
+in order, so the two counts agree.
+
+Time on the virtual clock: the edge's timeline advances by its measured compute; the uplink and
+the downlink are FIFO pipes (serialization occupies a pipe, propagation does not); the cloud
+verifies one block at a time. The edge sees a verdict from its arrival time on (it checks between
+drafted tokens) and waits only when it needs one: at the in-flight limit or at the end.
+
+For greedy rules the captions equal those of the blocking loop: block boundaries, gate inputs and
+length-policy states are the same (the policy advances on the assumption and is restored from a
+snapshot when a verdict contradicts it); only the timing changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..metrics.system import ResourceMonitor
+from ..models.base import AudioLM
+from . import packets
+from .engine import (CaptionRecord, SpecSettings, _account, _book_verdict, _Clock, _Cloud, _Edge, _finish,
+                     _q_payload)
+from .link import Link
+from .policies import LengthPolicy
+from .stats import Block
+from .verify import Verdict
+
+
+@dataclass
+class _Pending:
+    """An escalated block the edge has not heard back about."""
+
+    seq: int
+    block: Block
+    guess: int | None
+    policy: LengthPolicy  # the policy before this block's assumed outcome was applied
+    verdict: Verdict | None  # None: the cloud dropped it as stale
+    arrival: float  # virtual time the verdict reaches the edge
+    holds: bool  # the verdict agrees with what the edge assumed
+
+
+class _Pipe:
+    """One direction of the link as a FIFO: serialization occupies it, propagation does not."""
+
+    def __init__(self, rtt_s: float):
+        self.free = 0.0
+        self.propagation = rtt_s / 2
+
+    def send(self, t: float, seconds: float) -> float:
+        start = max(t, self.free)
+        self.free = start + max(seconds - self.propagation, 0.0)
+        return start + seconds
+
+
+class _Loop:
+    def __init__(self, edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: str, s: SpecSettings,
+                 link: Link, session_id: int):
+        self.s, self.link, self.session_id = s, link, session_id
+        self.features, self.language = features, language
+        self.rec = CaptionRecord("", [], "pipelined", in_flight=s.in_flight)
+        self.clock = _Clock()
+        self.eos = edge.eos_token_id
+        self.bits = packets.id_bits(min(edge.vocab_size, cloud.vocab_size))
+        self.policy = s.policy
+        self.ed = _Edge(edge, features, language, s, self.clock, self.rec)
+        self.cl = _Cloud(cloud, features, language, s, self.clock, self.rec)
+        self.up, self.down = _Pipe(link.rtt_s), _Pipe(link.rtt_s)
+        self.cloud_free = 0.0
+        self.features_sent = False
+        self.seq_all: list[int] = []  # the caption as the edge has it (final + assumed), no EOS
+        self.ended = False  # seq_all ends the caption (an EOS was drafted or guessed)
+        self.synced = 0  # tokens of seq_all in the cloud's cache, if every block in flight holds
+        self.inflight: deque[_Pending] = deque()
+        self.epoch = 0  # contradicting verdicts the edge has received
+        self.cloud_epoch = 0  # contradicting verdicts the cloud has issued
+        self.seq = 0
+        self.block: Block | None = None  # the block being drafted
+        self.budget = 0
+
+    # ---- the edge's main loop ----
+    def run(self) -> list[int]:
+        s, eos = self.s, self.eos
+        while True:
+            self._receive()
+            if self.block is None:
+                if self.ended or len(self.seq_all) >= s.max_new_tokens:
+                    if not self.inflight:
+                        return self.seq_all
+                    self._wait()
+                    continue
+                self.budget = min(self.policy.next_length(), s.max_new_tokens - len(self.seq_all))
+                self.block = Block(start=len(self.seq_all))
+            block = self.block
+            if len(block) < self.budget and not (block.tokens and block.tokens[-1] == eos):
+                self.ed.draft(block, s.rule.needs_q)
+                continue
+            self.rec.drafted += len(block)
+            if not s.gate.escalate(block):
+                self._keep_local(block)
+                continue
+            while len(self.inflight) >= s.in_flight and self.block is block:
+                self._wait()  # at the limit: the oldest verdict first (it may void this block)
+            if self.block is block:
+                self._escalate(block)
+
+    def _receive(self) -> None:
+        while self.inflight and self.inflight[0].arrival <= self.clock.virtual:
+            self._settle(self.inflight.popleft())
+
+    def _wait(self) -> None:
+        p = self.inflight.popleft()
+        if p.arrival > self.clock.virtual:
+            self.rec.wait_time += p.arrival - self.clock.virtual
+            self.clock.virtual = p.arrival
+        self._settle(p)
+
+    def _append(self, tokens: list[int]) -> None:
+        for t in tokens:
+            if t == self.eos:
+                self.ended = True
+                return
+            self.seq_all.append(t)
+
+    def _keep_local(self, block: Block) -> None:
+        self._append(block.tokens)
+        self.policy.update(len(block), len(block), escalated=False, corrected=False)
+        if not self.inflight and not self.rec.ttft:
+            self.rec.ttft = self.clock.virtual  # final at once: nothing it depends on is in flight
+        self.block = None
+
+    # ---- sending a block; the cloud's side runs here too, in order ----
+    def _escalate(self, block: Block) -> None:
+        s, rec = self.s, self.rec
+        self.seq += 1
+        sync = self.seq_all[self.synced:block.start]
+        end_len = block.start + sum(t != self.eos for t in block.tokens)
+        ends = bool(block.tokens) and block.tokens[-1] == self.eos
+        guess = self.ed.pick() if not ends and end_len < s.max_new_tokens else None
+        t = self.clock.virtual
+        if not self.features_sent:
+            seconds = _account(rec, self.link, "up", "features",
+                               packets.features_packet(self.session_id, self.features, self.language))
+            self.up.send(t, seconds)  # the verify packet queues behind it
+            self.features_sent = True
+        payload = packets.pipelined_packet(self.session_id, self.seq, self.epoch, sync, block.tokens, guess, self.bits)
+        if s.rule.needs_q:
+            payload += _q_payload(block.q)
+        arrived = self.up.send(t, _account(rec, self.link, "up", "verify", payload))
+        rec.transmitted += len(block)
+        rec.synced += len(sync)
+        verdict, holds, arrival = None, True, math.inf
+        if self.epoch == self.cloud_epoch:
+            verdict, dt = self.cl.verify(sync, self.seq_all[:block.start], block, self.eos)
+            self.cloud_free = max(arrived, self.cloud_free) + dt
+            down = packets.verdict_packet(self.session_id, self.seq, verdict.accepted, verdict.token, self.bits)
+            arrival = self.down.send(self.cloud_free, _account(rec, self.link, "down", "verdict", down))
+            holds = verdict.accepted == len(block) and (guess is None or verdict.token == guess)
+            self.cloud_epoch += not holds
+            rec.rounds += 1
+        else:
+            rec.stale += 1  # drafted on top of a rejected block: dropped unverified
+        self.inflight.append(_Pending(self.seq, block, guess, copy.deepcopy(self.policy), verdict, arrival, holds))
+        # go on as if it holds
+        self.policy.update(len(block), len(block), escalated=True, corrected=False)
+        self._append(block.tokens)
+        self.synced = len(self.seq_all)
+        if guess is not None:
+            self._append([guess])
+            if not self.ended and len(self.seq_all) < s.max_new_tokens:
+                self.ed.feed(guess)
+        self.block = None
+
+    # ---- a verdict reaches the edge ----
+    def _settle(self, p: _Pending) -> None:
+        rec, v = self.rec, p.verdict
+        if not rec.ttft:
+            rec.ttft = p.arrival
+        _book_verdict(rec, v)
+        if p.holds:
+            return
+        # contradicted: keep the accepted prefix, take the cloud's token, drop everything after
+        accepted = p.block.tokens[: v.accepted]
+        drafted_after = len(self.seq_all) + int(self.ended) + (len(self.block) if self.block else 0)
+        rec.wasted += drafted_after - (p.block.start + len(p.block))
+        del self.seq_all[p.block.start:]
+        self.ended = False
+        self._append(accepted)
+        self.ed.truncate(len(self.seq_all))
+        self.synced = len(self.seq_all)
+        if v.token is not None and not self.ended:
+            self._append([v.token])
+            if not self.ended and len(self.seq_all) < self.s.max_new_tokens:
+                self.ed.feed(v.token)
+        self.policy = p.policy
+        self.policy.update(len(p.block), v.accepted, escalated=True, corrected=v.corrected)
+        self.epoch += 1
+        self.inflight.clear()  # stale: the cloud drops them
+        self.block = None
+
+
+def pipelined(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: str, settings: SpecSettings,
+              link: Link, session_id: int = 1, keep_sessions: bool = False) -> CaptionRecord:
+    """Gated speculative decoding with up to `settings.in_flight` blocks in flight (>= 1)."""
+    if settings.in_flight < 1:
+        raise ValueError(f"the pipelined loop needs in_flight >= 1, got {settings.in_flight}")
+    wall0 = time.perf_counter()
+    with ResourceMonitor() as mon:
+        loop = _Loop(edge, cloud, features, language, settings, link, session_id)
+        ids = loop.run()
+    loop.rec.link_time = sum(p["seconds"] for p in loop.rec.packets)  # on the wire, mostly hidden
+    if keep_sessions:
+        loop.rec.sessions = (loop.ed.sess, loop.cl.sess)
+    return _finish(loop.rec, edge, ids[: settings.max_new_tokens], loop.clock, wall0, mon)
