@@ -13,7 +13,9 @@ middle margin of the sweep), default L and rule. Two hardware settings on the vi
   cloud on a GPU); the scales are calibrated in this run from the edge-only and cloud-only OTPS.
 
 Reports total time, OTPS, wait, wasted drafted tokens per caption, the ratio to edge-only, and
-whether the pipelined captions equal the blocking ones (they must, for greedy rules). Writes
+whether the pipelined captions equal the blocking ones (they must, for greedy rules). Pipelined
+runs use the adaptive draft-ahead rule, and the deepest one also `always` (drafting ahead whenever
+the in-flight limit allows). Writes
 <out>.json, <out>.md and <out>.png (time vs RTT for the four modes).
 """
 
@@ -80,8 +82,10 @@ def run(params_path, n_clips: int, in_flight: list[int], out: Path, threads: int
         for ch_name, ch in channels(params.link).items():
             modes = {"edge-only": None, "cloud-only": None}
             for g, thr in gates.items():
-                for n in [0] + in_flight:
-                    modes[f"{g} " + ("blocking" if n == 0 else f"pipelined N={n}")] = (g, thr, n)
+                modes[f"{g} blocking"] = (g, thr, 0, "adaptive")
+                for n in in_flight:
+                    modes[f"{g} pipelined N={n}"] = (g, thr, n, "adaptive")
+                modes[f"{g} pipelined N={max(in_flight)} always"] = (g, thr, max(in_flight), "always")
             recs = {m: [] for m in modes}
             for i, (rec, lang, mel) in enumerate(tqdm(clips, desc=f"{hw}, {ch_name}", unit="clip")):
                 for m, spec in modes.items():
@@ -91,17 +95,20 @@ def run(params_path, n_clips: int, in_flight: list[int], out: Path, threads: int
                     elif m == "cloud-only":
                         r = cloud_only(cloud, mel, lang, link, max_new, time_scale=cs)
                     else:
-                        g, thr, n = spec
-                        d = dataclasses.replace(decode, gate=g, threshold=thr, in_flight=n)
+                        g, thr, n, ahead = spec
+                        d = dataclasses.replace(decode, gate=g, threshold=thr, in_flight=n, draft_ahead=ahead)
                         r = speculative(edge, cloud, mel, lang, settings_from_params(d, max_new), link)
                     recs[m].append(r)
                     captions.setdefault(m, {})[rec["id"]] = r.caption
             edge_time = mean([r.total_time for r in recs["edge-only"]])
+            edge_per_token = edge_time / mean([max(r.n_tokens, 1) for r in recs["edge-only"]])
             for m, rs in recs.items():
                 ms = [r.metrics() for r in rs]
+                total, tokens = mean([x["total_time"] for x in ms]), mean([max(x["tokens"], 1) for x in ms])
                 results.append({
-                    "hardware": hw, "channel": ch_name, "mode": m, "total_time": mean([x["total_time"] for x in ms]),
-                    "x_edge": mean([x["total_time"] for x in ms]) / edge_time, "otps": mean([x["otps"] for x in ms]),
+                    "hardware": hw, "channel": ch_name, "mode": m, "total_time": total, "tokens": tokens,
+                    "x_edge": total / edge_time, "x_edge_per_token": total / tokens / edge_per_token,
+                    "otps": mean([x["otps"] for x in ms]),
                     "ttft": mean([x["ttft"] for x in ms]), "wait_time": mean([x["wait_time"] for x in ms]),
                     "wasted": mean([x["wasted"] for x in ms]), "stale": mean([x["stale"] for x in ms]),
                     "rounds": mean([x["rounds"] for x in ms]), "rho": mean([x["rho"] for x in ms])})
@@ -114,7 +121,7 @@ def run(params_path, n_clips: int, in_flight: list[int], out: Path, threads: int
             sel = [(rec, caps[rec["id"]]) for rec, lg, _ in clips if lg == lang]
             s = score_captions([c for _, c in sel], [r["references"] for r, _ in sel], lang,
                                [r.get("emotion") for r, _ in sel])
-            row[lang] = round(100 * s.summary()["bleu1"], 2)
+            row[lang] = round(s.summary()["bleu1"], 2)
         quality[m] = row
         if "pipelined" in m:
             blocking = captions[m.split(" pipelined")[0] + " blocking"]
@@ -142,12 +149,13 @@ def markdown(r: dict) -> str:
                                           for m, q in r["bleu1"].items()) + "\n"]
     for hw in r["scales"]:
         lines.append(f"\n## {hw}\n")
-        lines.append("| channel | mode | total s | x edge-only | OTPS | TTFT s | wait s | wasted | stale | rounds |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("| channel | mode | total s | tokens | x edge-only | x edge-only per token | OTPS | TTFT s | "
+                     "wait s | wasted | stale | rounds |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for x in r["results"]:
             if x["hardware"] == hw:
-                lines.append(f"| {x['channel']} | {x['mode']} | {x['total_time']:.3f} | {x['x_edge']:.2f} | "
-                             f"{x['otps']:.1f} | {x['ttft']:.3f} | {x['wait_time']:.3f} | {x['wasted']:.1f} | "
+                lines.append(f"| {x['channel']} | {x['mode']} | {x['total_time']:.3f} | {x['tokens']:.1f} | "
+                             f"{x['x_edge']:.2f} | {x['x_edge_per_token']:.2f} | {x['otps']:.1f} | {x['ttft']:.3f} | {x['wait_time']:.3f} | {x['wasted']:.1f} | "
                              f"{x['stale']:.1f} | {x['rounds']:.1f} |")
     return "\n".join(lines) + "\n"
 

@@ -132,6 +132,7 @@ class DecodeParams:
     # pipelined verification: escalated blocks in flight while the edge drafts ahead; 0 = the
     # blocking loop of the papers (the edge waits for every verdict)
     in_flight: int = 0
+    draft_ahead: str = "adaptive"  # adaptive | always (see decoding/pipelined.py)
     # hardware emulation on the virtual clock: measured compute times these (e.g. an edge 400x
     # slower than this CPU runs the embedded edge at the papers' ~2 tokens/s)
     edge_time_scale: float = 1.0
@@ -202,6 +203,7 @@ _CHOICES = {
     "models.cloud.dtype": {"auto", "float32", "bfloat16", "float16"},
     "decode.rule": {"greedy", "rank", "spec_sampling"},
     "decode.gate": {"never", "always", "entropy", "margin", "logprob"},
+    "decode.draft_ahead": {"adaptive", "always"},
 }
 _LANGUAGES = {"en", "zh"}
 

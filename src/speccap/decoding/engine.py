@@ -219,6 +219,9 @@ class SpecSettings:
     # blocks in flight: 0 = the blocking loop (the edge waits for every verdict); N >= 1 = the
     # pipelined loop (the edge drafts ahead while up to N escalated blocks are being verified)
     in_flight: int = 0
+    # pipelined: "adaptive" waits for a verdict due sooner than a drafted token is likely to be
+    # useful; "always" drafts ahead whenever the in-flight limit allows
+    draft_ahead: str = "adaptive"
     # hardware emulation on the virtual clock: measured compute times these factors
     edge_time_scale: float = 1.0
     cloud_time_scale: float = 1.0
@@ -406,5 +409,5 @@ def settings_from_params(decode, max_new_tokens: int, seed: int = 0) -> SpecSett
     gate = make_gate(decode.gate, None if decode.gate in ("never", "always") else decode.threshold)
     return SpecSettings(gate=gate, rule=make_rule(decode.rule, decode.rank, decode.temperature or 1.0),
                         policy=policy, temperature=decode.temperature, max_new_tokens=max_new_tokens, seed=seed,
-                        in_flight=decode.in_flight, edge_time_scale=decode.edge_time_scale,
+                        in_flight=decode.in_flight, draft_ahead=decode.draft_ahead, edge_time_scale=decode.edge_time_scale,
                         cloud_time_scale=decode.cloud_time_scale)

@@ -17,7 +17,13 @@ in order, so the two counts agree.
 Time on the virtual clock: the edge's timeline advances by its measured compute; the uplink and
 the downlink are FIFO pipes (serialization occupies a pipe, propagation does not); the cloud
 verifies one block at a time. The edge sees a verdict from its arrival time on (it checks between
-drafted tokens) and waits only when it needs one: at the in-flight limit or at the end.
+drafted tokens) and waits when it needs one: at the in-flight limit or at the end. With
+`draft_ahead: adaptive` (the default) it also waits when a verdict is due so soon that drafting a
+token first is not worth it: when the expected time to the oldest verdict (send time + the mean
+verdict latency seen so far - now) is below (1 - hold rate) x the mean time of a drafted token,
+the token it would draft is more likely wasted than the wait is long. That rule uses only what a
+real edge knows (its own timings); on a link much faster than drafting it turns the loop back into
+the blocking one, on a slow link it drafts ahead. `always` never waits early.
 
 For greedy rules the captions equal those of the blocking loop: block boundaries, gate inputs and
 length-policy states are the same (the policy advances on the assumption and is restored from a
@@ -56,6 +62,7 @@ class _Pending:
     verdict: Verdict | None  # None: the cloud dropped it as stale
     arrival: float  # virtual time the verdict reaches the edge
     holds: bool  # the verdict agrees with what the edge assumed
+    sent: float  # virtual time the edge sent it
 
 
 class _Pipe:
@@ -95,6 +102,11 @@ class _Loop:
         self.seq = 0
         self.block: Block | None = None  # the block being drafted
         self.budget = 0
+        # what the edge has seen, for the adaptive draft-ahead rule (priors: one RTT, even odds)
+        self.latency = [link.rtt_s, 1]  # sum and count of verdict latencies
+        self.holds = [1, 2]  # verdicts that held (+1) and verdicts (+2)
+        self.token_time = [0.0, 0]  # sum and count of drafted-token compute
+        self.unfed: int | None = None  # the last guess, not yet run through the edge
 
     # ---- the edge's main loop ----
     def run(self) -> list[int]:
@@ -111,7 +123,16 @@ class _Loop:
                 self.block = Block(start=len(self.seq_all))
             block = self.block
             if len(block) < self.budget and not (block.tokens and block.tokens[-1] == eos):
+                if self._not_worth_drafting():
+                    self._wait()
+                    continue
+                before = self.rec.edge_compute
+                if self.unfed is not None:  # the guess goes into the cache only when drafting needs it
+                    self.ed.feed(self.unfed)
+                    self.unfed = None
                 self.ed.draft(block, s.rule.needs_q)
+                self.token_time[0] += self.rec.edge_compute - before
+                self.token_time[1] += 1
                 continue
             self.rec.drafted += len(block)
             if not s.gate.escalate(block):
@@ -121,6 +142,13 @@ class _Loop:
                 self._wait()  # at the limit: the oldest verdict first (it may void this block)
             if self.block is block:
                 self._escalate(block)
+
+    def _not_worth_drafting(self) -> bool:
+        if not self.inflight or self.s.draft_ahead == "always" or not self.token_time[1]:
+            return False
+        due = self.inflight[0].sent + self.latency[0] / self.latency[1] - self.clock.virtual
+        miss = 1 - self.holds[0] / self.holds[1]
+        return due < miss * self.token_time[0] / self.token_time[1]
 
     def _receive(self) -> None:
         while self.inflight and self.inflight[0].arrival <= self.clock.virtual:
@@ -178,7 +206,8 @@ class _Loop:
             rec.rounds += 1
         else:
             rec.stale += 1  # drafted on top of a rejected block: dropped unverified
-        self.inflight.append(_Pending(self.seq, block, guess, copy.deepcopy(self.policy), verdict, arrival, holds))
+        self.inflight.append(_Pending(self.seq, block, guess, copy.deepcopy(self.policy), verdict, arrival, holds,
+                                      sent=self.clock.virtual))
         # go on as if it holds
         self.policy.update(len(block), len(block), escalated=True, corrected=False)
         self._append(block.tokens)
@@ -186,7 +215,7 @@ class _Loop:
         if guess is not None:
             self._append([guess])
             if not self.ended and len(self.seq_all) < s.max_new_tokens:
-                self.ed.feed(guess)
+                self.unfed = guess
         self.block = None
 
     # ---- a verdict reaches the edge ----
@@ -195,12 +224,18 @@ class _Loop:
         if not rec.ttft:
             rec.ttft = p.arrival
         _book_verdict(rec, v)
+        self.latency[0] += p.arrival - p.sent
+        self.latency[1] += 1
+        self.holds[0] += p.holds
+        self.holds[1] += 1
         if p.holds:
             return
         # contradicted: keep the accepted prefix, take the cloud's token, drop everything after
         accepted = p.block.tokens[: v.accepted]
-        drafted_after = len(self.seq_all) + int(self.ended) + (len(self.block) if self.block else 0)
+        drafted_after = (len(self.seq_all) + int(self.ended) + (len(self.block) if self.block else 0)
+                         - (self.unfed is not None))
         rec.wasted += drafted_after - (p.block.start + len(p.block))
+        self.unfed = None
         del self.seq_all[p.block.start:]
         self.ended = False
         self._append(accepted)
