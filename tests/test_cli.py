@@ -36,3 +36,11 @@ def test_bad_params_exit_2_with_the_key(tmp_path, capsys):
     params.write_text("data:\n  sourse: synthetic\n")
     assert main(["--params", str(params), "prepare"]) == 2
     assert "data.sourse" in capsys.readouterr().err
+
+
+def test_resolve_writes_a_file_per_stage(tmp_path, capsys):
+    from speccap.cli import main
+    assert main(["--params", "params.yaml", "resolve", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [
+        "decode.json", "featurize.json", "prepare.json", "report.json", "train.json"]
+    assert "decode.json" in capsys.readouterr().out

@@ -6,6 +6,7 @@
   speccap caption      caption audio files: edge-only, cloud-only or speculative (ugsd)
   speccap score        score a JSONL of captions against a manifest (BLEU-1/4, METEOR, ROUGE-L)
   speccap show         print a few clips of a manifest with their cue values and references
+  speccap resolve      write resolved/<stage>.json: the params each DVC stage uses, profile applied
 
 Every command reads its knobs from params.yaml (`--params` or $SPECCAP_PARAMS).
 """
@@ -121,6 +122,13 @@ def _cmd_show(args) -> int:
     return 0
 
 
+def _cmd_resolve(args) -> int:
+    from .config import write_resolved
+    for path in write_resolved(load_params(args.params), args.out):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="speccap", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -161,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("manifest", type=Path)
     s.add_argument("-n", type=int, default=3, help="how many clips (default 3)")
     s.set_defaults(func=_cmd_show)
+    s = sub.add_parser("resolve", help="write the params each DVC stage uses, profile applied (the `resolve` "
+                       "stage: a stage re-runs only when its own resolved values change)")
+    s.add_argument("--out", type=Path, default=Path("resolved"), help="folder (default resolved/)")
+    s.set_defaults(func=_cmd_resolve)
     return p
 
 

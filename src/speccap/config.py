@@ -325,3 +325,46 @@ def load_params(path: str | os.PathLike | None = None) -> Params:
         return params_from_dict(raw or {})
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+# ---- what each DVC stage depends on, resolved ----
+# DVC tracks params by their keys in params.yaml, so a stage listing `profiles` would re-run when
+# ANY profile changes, and one not listing it would miss its own profile's overrides. Instead the
+# `resolve` stage writes, per stage, the values it really uses after the profile is applied
+# (resolved/<stage>.json); the stage depends on that file, which only changes when they do.
+STAGE_PARAMS: dict[str, tuple[str, ...]] = {
+    "prepare": ("seed", "data"),
+    "featurize": ("features", "data.max_clip_seconds"),
+    "train": ("seed", "models", "features", "data.languages"),
+    "decode": ("seed", "decode", "link", "sweep", "models.max_new_tokens", "data.languages",
+               "tracking.experiment"),
+    "report": ("decode", "link", "data.languages"),
+}
+
+
+def stage_params(p: Params, stage: str) -> dict:
+    """The resolved values of the keys `stage` depends on, as plain data (dotted key -> value)."""
+    if stage not in STAGE_PARAMS:
+        raise ConfigError(f"unknown stage {stage!r} (have {sorted(STAGE_PARAMS)})")
+    out = {}
+    for key in STAGE_PARAMS[stage]:
+        value = p
+        for part in key.split("."):
+            value = getattr(value, part)
+        out[key] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+def write_resolved(p: Params, out_dir: str | os.PathLike) -> list[Path]:
+    """Write resolved/<stage>.json for every stage; a file is rewritten only if its content changes."""
+    import json
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stage in STAGE_PARAMS:
+        path = out / f"{stage}.json"
+        text = json.dumps(stage_params(p, stage), indent=1, sort_keys=True, default=list) + "\n"
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        written.append(path)
+    return written
