@@ -50,16 +50,16 @@ def _resolved(raw, tmp_path, name):
 def test_each_stage_sees_only_its_resolved_params(tmp_path):
     base = {"profile": "default", "profiles": {"ci": {"sweep": {"clips": 5}}}}
     ref = _resolved(base, tmp_path, "a")
-    assert set(ref) == {"prepare", "featurize", "train", "decode", "report"}
+    assert set(ref) == {"prepare", "featurize", "train", "decode", "report", "traces", "gates", "gate_eval", "promote"}
     # editing a profile that is not selected changes nothing any stage uses
     other = dict(base, profiles={"ci": {"sweep": {"clips": 7}, "models": {"edge": {"train": {"max_steps": 3}}}}})
     assert _resolved(other, tmp_path, "b") == ref
     # selecting it changes exactly the stages its overrides reach
     ci = _resolved(dict(other, profile="ci"), tmp_path, "c")
-    assert [s for s in ref if ci[s] != ref[s]] == ["decode", "train"]
+    assert sorted(s for s in ref if ci[s] != ref[s]) == ["decode", "train"]
     # a draft length: decode and report only
     new_l = _resolved(dict(base, decode={"block_len": 7}), tmp_path, "d")
-    assert [s for s in ref if new_l[s] != ref[s]] == ["decode", "report"]
+    assert sorted(s for s in ref if new_l[s] != ref[s]) == ["decode", "report"]
     assert json.loads(new_l["decode"])["decode"]["block_len"] == 7
 
 
@@ -72,4 +72,4 @@ def test_resolved_files_are_rewritten_only_when_they_change(tmp_path):
     time.sleep(0.01)
     write_resolved(params_from_dict({"link": {"rtt_ms": 5.0}}), tmp_path)
     changed = {f.name for f in tmp_path.glob("*.json") if f.stat().st_mtime_ns != stamps[f.name]}
-    assert changed == {"decode.json", "report.json"}
+    assert changed == {"decode.json", "report.json", "gate_eval.json", "promote.json"}

@@ -40,3 +40,80 @@ def test_parent_and_nested_runs_failed_runs_and_resume(tmp_path, monkeypatch):
     assert runs["ugsd-en"]["status"] == "FAILED" and "boom" in runs["ugsd-en"]["tags"]["error"]
     assert runs["sweep-1"]["params"]["decode.rank"] == "2"
     assert Path(tmp_path / "m.db").exists()
+
+
+def _gate_file(tmp_path):
+    import pickle
+
+    from speccap.gating.learned import fit_gate
+
+    from .gating.test_learned import _traces
+    model = fit_gate(_traces(), "lightgbm", "mismatch")
+    path = tmp_path / "gate.pkl"
+    path.write_bytes(pickle.dumps({"model": model, "threshold": 0.5, "thresholds": {"0.1": 0.5}, "name": "g"}))
+    return path
+
+
+def test_gate_registry_alias_and_mlflow_models_serve(tmp_path, monkeypatch):
+    """A gate logged as a pyfunc model and registered; alias `champion`; loaded back; and served by
+    `mlflow models serve` on loopback: post feature rows, get scores and block decisions."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import pandas as pd
+
+    from speccap.gating.features import FEATURES
+    from speccap.tracking import Tracker
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "registry-test")
+    rows = pd.DataFrame([{f: 0.0 for f in FEATURES} | {"entropy": e} for e in (0.1, 0.2, 4.0, 0.1)])
+    rows["block"] = [0, 0, 1, 1]
+    _, version = tracker.log_gate("gate-test", "g", _gate_file(tmp_path), rows, {"kind": "lightgbm"}, {"auc": 0.9},
+                                  tags={"gate": "g", "gates_key": "k1"})
+    assert tracker.champion("gate-test") is None
+    tracker.promote("gate-test", version, "first")
+    assert tracker.champion("gate-test") == {"version": version, "tags": {"gate": "g", "gates_key": "k1",
+                                                                           "promotion_reason": "first"}}
+    saved = tracker.load_gate("gate-test", "champion")
+    local = saved["model"].token_scores(rows[list(FEATURES)].to_numpy("float32"))
+    assert local[2] > local[0]  # high entropy: more likely a mismatch
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MLFLOW_TRACKING_URI=uri)
+    mlflow_cli = [sys.executable, "-m", "mlflow"]
+    proc = subprocess.Popen(mlflow_cli + ["models", "serve", "-m", "models:/gate-test@champion", "--env-manager",
+                                          "local", "--host", "127.0.0.1", "-p", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=1)
+                break
+            except Exception:
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                time.sleep(0.5)
+        body = json.dumps({"dataframe_split": rows.to_dict(orient="split")}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
+                                     headers={"Content-Type": "application/json"})
+        preds = json.loads(urllib.request.urlopen(req, timeout=30).read())["predictions"]
+        served = pd.DataFrame(preds)
+        assert served["score"].round(6).tolist() == pd.Series(local).round(6).tolist()
+        assert served["escalate"].tolist() == [bool(max(local[:2]) > 0.5)] * 2 + [bool(max(local[2:]) > 0.5)] * 2
+        bad = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"dataframe_split": {"columns": ["entropy"], "data": [[1.0]]}}).encode())
+        try:
+            urllib.request.urlopen(bad, timeout=30)
+            raise AssertionError("a request without the feature columns was accepted")
+        except urllib.error.HTTPError as exc:
+            assert exc.code in (400, 422, 500)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -59,6 +59,9 @@ def _cmd_caption(args) -> int:
     from .models.base import shared_vocab
     from .models.loading import load_role
     params = load_params(args.params)
+    champion = args.gate == "champion"
+    if champion:
+        args.gate = None
     overrides = {k: v for k, v in (("gate", args.gate), ("threshold", args.threshold), ("block_len", args.block_len),
                                    ("rank", args.rank), ("rule", args.rule), ("temperature", args.temperature),
                                    ("in_flight", args.in_flight))
@@ -80,7 +83,10 @@ def _cmd_caption(args) -> int:
             rec = cloud_only(cloud, mel, args.language, link, max_new, decode.temperature, args.seed,
                              decode.cloud_time_scale)
         else:
-            rec = speculative(edge, cloud, mel, args.language, settings_from_params(decode, max_new, args.seed), link)
+            settings = settings_from_params(decode, max_new, args.seed)
+            if champion:
+                settings.gate = _champion_gate(params, args.threshold)
+            rec = speculative(edge, cloud, mel, args.language, settings, link)
         if args.json:
             metrics = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in rec.metrics().items()}
             print(json.dumps({"file": str(path), "caption": rec.caption, "mode": args.mode, "language": args.language,
@@ -92,6 +98,18 @@ def _cmd_caption(args) -> int:
                 extra += f" [pipelined: {m['wasted']} drafted tokens thrown away, waited {m['wait_time']:.3f} s]"
             print(f"{path}: {rec.caption}\n  ({m['tokens']} tokens, {m['total_time']:.3f} s modelled){extra}")
     return 0
+
+
+def _champion_gate(params, threshold: float | None):
+    """The gate holding alias `champion` in the MLflow registry (gates.registry_name)."""
+    from .gating.learned import LearnedGate
+    from .tracking import Tracker
+    tracker = Tracker(params.tracking.uri, params.tracking.experiment)
+    if tracker.champion(params.gates.registry_name) is None:
+        raise LookupError(f"no gate holds alias 'champion' in registered model {params.gates.registry_name!r} at "
+                          f"{tracker.uri} (run the pipeline's promote stage: dvc repro promote)")
+    saved = tracker.load_gate(params.gates.registry_name, "champion")
+    return LearnedGate(saved["model"], saved["threshold"] if threshold is None else threshold, "champion")
 
 
 def _cmd_score(args) -> int:
@@ -148,8 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=("edge", "cloud", "ugsd"), default="edge",
                    help="edge-only, cloud-only, or speculative (edge drafts, gated cloud verification)")
     s.add_argument("--language", choices=("en", "zh"), default="en", help="caption language (default en)")
-    s.add_argument("--gate", choices=("never", "always", "entropy", "margin", "logprob"),
-                   help="ugsd: which blocks go to the cloud (default: decode.gate)")
+    s.add_argument("--gate", choices=("never", "always", "entropy", "margin", "logprob", "champion"),
+                   help="ugsd: which blocks go to the cloud (default: decode.gate; champion = the learned gate "
+                   "promoted in the MLflow registry, at its own threshold unless --threshold)")
     s.add_argument("--threshold", type=float, help="gate threshold (entropy gamma, margin delta, log-prob)")
     s.add_argument("--block-len", type=int, help="draft length L; 0 = UGSD adaptive (default: decode.block_len)")
     s.add_argument("--rule", choices=("greedy", "rank", "spec_sampling"), help="verification rule")

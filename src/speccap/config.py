@@ -159,6 +159,26 @@ class LinkConfig:
 
 
 @dataclass(frozen=True)
+class TraceParams:
+    train_clips: int = 150  # clips per language of the train split traced (0 = all)
+    val_clips: int = 50  # of the validation split (thresholds and promotion are chosen on these)
+    block_len: int = 5
+    critical_margin: float = 1.0  # quality points (mean BLEU-1/METEOR/ROUGE-L, x100) that make a mismatch critical
+
+
+@dataclass(frozen=True)
+class GatesParams:
+    traces: TraceParams = field(default_factory=TraceParams)
+    kinds: tuple[str, ...] = ("logistic", "lightgbm")
+    targets: tuple[str, ...] = ("mismatch", "critical")
+    baselines: tuple[str, ...] = ("entropy", "margin")  # rule gates evaluated at the same budgets
+    budgets: tuple[float, ...] = (0.05, 0.1, 0.15, 0.25)  # target escalation rates rho*
+    eval_clips: int = 150  # test clips per language for the gate evaluation (0 = all)
+    registry_name: str = "speccap-gate"
+    promote_budget: float = 0.15  # the budget the champion is chosen at (quality on validation)
+
+
+@dataclass(frozen=True)
 class SweepParams:
     methods: tuple[str, ...] = ("edge", "cloud", "ugsd")
     block_lens: tuple[int, ...] = (3, 5, 7, 10, 20, 50, 0)  # at decode.gate / decode.threshold; 0 = adaptive
@@ -189,6 +209,7 @@ class Params:
     decode: DecodeParams = field(default_factory=DecodeParams)
     link: LinkConfig = field(default_factory=LinkConfig)
     sweep: SweepParams = field(default_factory=SweepParams)
+    gates: GatesParams = field(default_factory=GatesParams)
     tracking: TrackingParams = field(default_factory=TrackingParams)
 
 
@@ -293,6 +314,14 @@ def _validate(p: Params) -> None:
     bad += [g for g in p.sweep.gates if g not in ("entropy", "margin", "logprob")]
     if bad:
         raise ConfigError(f"params keys sweep.methods / sweep.gates: unknown {bad}")
+    g = p.gates
+    bad = [k for k in g.kinds if k not in ("logistic", "lightgbm")] + [
+        t for t in g.targets if t not in ("mismatch", "critical")] + [
+        b for b in g.baselines if b not in ("entropy", "margin", "logprob")]
+    if bad:
+        raise ConfigError(f"params keys gates.kinds / gates.targets / gates.baselines: unknown {bad}")
+    if not g.budgets or any(not 0 < b <= 1 for b in g.budgets) or not 0 < g.promote_budget <= 1:
+        raise ConfigError("params keys gates.budgets / gates.promote_budget: escalation rates in (0, 1]")
     if any(length < 0 for length in p.sweep.block_lens) or p.sweep.workers < 0 or p.sweep.threads < 1:
         raise ConfigError("params keys sweep.block_lens (>= 0), sweep.workers (>= 0), sweep.threads (>= 1)")
     if p.features.hop_length < 1 or p.features.n_fft < p.features.hop_length:
@@ -332,6 +361,8 @@ def load_params(path: str | os.PathLike | None = None) -> Params:
 # ANY profile changes, and one not listing it would miss its own profile's overrides. Instead the
 # `resolve` stage writes, per stage, the values it really uses after the profile is applied
 # (resolved/<stage>.json); the stage depends on that file, which only changes when they do.
+_GATE_DECODE = ("decode.temperature", "decode.rule", "decode.rank", "decode.in_flight", "decode.draft_ahead",
+                "decode.edge_time_scale", "decode.cloud_time_scale")
 STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "prepare": ("seed", "data"),
     "featurize": ("features", "data.max_clip_seconds"),
@@ -339,6 +370,15 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "decode": ("seed", "decode", "link", "sweep", "models.max_new_tokens", "data.languages",
                "tracking.experiment"),
     "report": ("decode", "link", "data.languages"),
+    "traces": ("seed", "gates.traces", "decode.rank", "models.max_new_tokens", "data.languages"),
+    "gates": ("seed", "gates.kinds", "gates.targets", "gates.baselines", "gates.budgets", "gates.registry_name",
+              "tracking.experiment"),
+    # gates are evaluated at the block length their thresholds were calibrated on (gates.traces.block_len),
+    # so a change of decode.block_len leaves them alone
+    "gate_eval": ("seed", "gates", *_GATE_DECODE, "link", "sweep.workers", "sweep.threads", "models.max_new_tokens",
+                  "data.languages", "tracking.experiment"),
+    "promote": ("seed", "gates", *_GATE_DECODE, "link", "sweep.workers", "sweep.threads", "models.max_new_tokens",
+                "data.languages", "tracking.experiment"),
 }
 
 
@@ -368,3 +408,9 @@ def write_resolved(p: Params, out_dir: str | os.PathLike) -> list[Path]:
             path.write_text(text)
         written.append(path)
     return written
+
+
+def gate_decode(p: Params) -> DecodeParams:
+    """The decode settings gates are evaluated and promoted at: params.decode with the block length
+    the traces (and so the thresholds) were made with."""
+    return dataclasses.replace(p.decode, block_len=p.gates.traces.block_len)

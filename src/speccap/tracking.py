@@ -143,3 +143,81 @@ class Tracker:
                         "params": dict(r.data.params), "metrics": dict(r.data.metrics), "tags": dict(r.data.tags)})
         return out
 
+
+    # ---- learned gates as registered MLflow models ----
+    def log_gate(self, registry_name: str, run_name: str, gate_file: str | os.PathLike, input_example,
+                 params: dict, metrics: dict, artifacts: list[str | os.PathLike] = (), tags: dict | None = None,
+                 parent_id: str | None = None) -> tuple[str, str]:
+        """Log a gate (a pickled {"model": GateModel, "threshold": float}) as a pyfunc model that maps
+        feature rows to scores and escalation decisions, and register it; returns (run id, version)."""
+        with self.mlflow.start_run(run_name=run_name, experiment_id=self.experiment_id,
+                                   nested=parent_id is not None, parent_run_id=parent_id) as run:
+            self.mlflow.log_params(_flat(params))
+            self.mlflow.log_metrics(_clean_metrics(metrics))
+            self.mlflow.set_tags(tags or {})
+            for a in artifacts:
+                if Path(a).exists():
+                    self.mlflow.log_artifact(str(a))
+            info = self.mlflow.pyfunc.log_model(name="gate", python_model=_gate_pyfunc()(),
+                                                artifacts={"gate": str(gate_file)}, input_example=input_example)
+        version = self.mlflow.register_model(info.model_uri, registry_name)
+        client = self.mlflow.MlflowClient(self.uri)
+        for k, v in (tags or {}).items():
+            client.set_model_version_tag(registry_name, version.version, k, str(v))
+        return run.info.run_id, str(version.version)
+
+    def champion(self, registry_name: str) -> dict | None:
+        """The version holding alias `champion` ({version, tags}), or None."""
+        client = self.mlflow.MlflowClient(self.uri)
+        try:
+            v = client.get_model_version_by_alias(registry_name, "champion")
+        except Exception:  # noqa: BLE001 - no such model or alias yet
+            return None
+        return {"version": str(v.version), "tags": dict(v.tags)}
+
+    def promote(self, registry_name: str, version: str, reason: str) -> None:
+        client = self.mlflow.MlflowClient(self.uri)
+        client.set_registered_model_alias(registry_name, "champion", version)
+        client.set_model_version_tag(registry_name, version, "promotion_reason", reason[:5000])
+
+    def model_versions(self, registry_name: str) -> list[dict]:
+        client = self.mlflow.MlflowClient(self.uri)
+        return [{"version": str(v.version), "tags": dict(v.tags), "run_id": v.run_id}
+                for v in client.search_model_versions(f"name = '{registry_name}'")]
+
+    def load_gate(self, registry_name: str, ref: str = "champion") -> dict:
+        """The pickled gate behind `models:/<name>@<alias>` (or a version number)."""
+        uri = f"models:/{registry_name}/{ref}" if ref.isdigit() else f"models:/{registry_name}@{ref}"
+        return self.mlflow.pyfunc.load_model(uri).unwrap_python_model().gate
+
+
+def _gate_pyfunc():
+    """The pyfunc class (built here: MLflow is imported only by this module)."""
+    import mlflow.pyfunc
+
+    class GateModel(mlflow.pyfunc.PythonModel):
+        """Rows of gate features in (gating.features.FEATURES; an optional `block` column groups
+        them, else all rows are one block), per row out: the token score, its block's score (the
+        max) and whether that block goes to the cloud (block score > the gate's threshold)."""
+
+        def load_context(self, context):
+            import pickle
+            with open(context.artifacts["gate"], "rb") as fh:
+                self.gate = pickle.load(fh)
+
+        def predict(self, context, model_input, params=None):
+            import numpy as np
+            import pandas as pd
+
+            from speccap.gating.features import FEATURES
+            missing = [f for f in FEATURES if f not in model_input.columns]
+            if missing:
+                raise ValueError(f"gate input lacks feature column(s) {missing}")
+            scores = self.gate["model"].token_scores(model_input[list(FEATURES)].to_numpy(np.float32))
+            out = pd.DataFrame({"score": scores})
+            groups = model_input["block"].to_numpy() if "block" in model_input.columns else np.zeros(len(out))
+            out["block_score"] = out.groupby(groups)["score"].transform("max").to_numpy()
+            out["escalate"] = out["block_score"] > self.gate["threshold"]
+            return out
+
+    return GateModel

@@ -27,7 +27,7 @@ from . import packets
 from .gates import Gate
 from .link import Link
 from .policies import LengthPolicy
-from .stats import Block, token_stats
+from .stats import Block, audio_summary, token_stats
 from .verify import Rule
 
 
@@ -225,6 +225,9 @@ class SpecSettings:
     # hardware emulation on the virtual clock: measured compute times these factors
     edge_time_scale: float = 1.0
     cloud_time_scale: float = 1.0
+    # blocking loop: called after each verification with (block, the cloud's rows for it, the
+    # verdict, the committed tokens before the block); trace collection reads the cloud's view here
+    observer: object = None
 
 
 class _Edge:
@@ -294,6 +297,7 @@ class _Cloud:
         self.rec.cloud_tokens += len(sync) + len(block)
         self.rec.cloud_compute += spent
         rows = torch.cat([self.last[None], out.logits])[len(sync):]  # row i scores draft token i
+        self.rows = rows
         verdict = s.rule.verify(block.tokens, rows, block.q or None, eos, self.rng)
         self.sess.rollback(len(block) - verdict.accepted)
         self.last = rows[verdict.accepted]
@@ -329,6 +333,7 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
     eos = edge.eos_token_id
     bits = packets.id_bits(min(edge.vocab_size, cloud.vocab_size))
     policy, gate, rule = settings.policy, settings.gate, settings.rule
+    audio = audio_summary(features)
     with ResourceMonitor() as mon:
         ed = _Edge(edge, features, language, settings, clock, rec)
         cl = _Cloud(cloud, features, language, settings, clock, rec)
@@ -339,7 +344,8 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
         while not done and len(committed) < settings.max_new_tokens:
             # 1. draft
             budget = min(policy.next_length(), settings.max_new_tokens - len(committed))
-            block = Block(start=len(committed))
+            block = Block(start=len(committed), accept_rate=rec.accepted / rec.transmitted if rec.transmitted else None,
+                          audio=audio, language=language)
             while len(block) < budget and ed.draft(block, rule.needs_q) != eos:
                 pass
             rec.drafted += len(block)
@@ -363,6 +369,8 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
             # 4. one cloud forward
             verdict, dt = cl.verify(sync, committed, block, eos)
             clock.virtual += dt
+            if settings.observer is not None:
+                settings.observer(block, cl.rows, verdict, committed)
             _charge(rec, clock, link, "down", "verdict",
                     packets.verdict_packet(session_id, seq, verdict.accepted, verdict.token, bits))
             # roll back the edge past the rejected tokens, commit the cloud's token

@@ -47,7 +47,7 @@ from .engine import (CaptionRecord, SpecSettings, _account, _book_verdict, _Cloc
                      _q_payload)
 from .link import Link
 from .policies import LengthPolicy
-from .stats import Block
+from .stats import Block, audio_summary
 from .verify import Verdict
 
 
@@ -83,6 +83,7 @@ class _Loop:
                  link: Link, session_id: int):
         self.s, self.link, self.session_id = s, link, session_id
         self.features, self.language = features, language
+        self.audio = audio_summary(features)
         self.rec = CaptionRecord("", [], "pipelined", in_flight=s.in_flight)
         self.clock = _Clock()
         self.eos = edge.eos_token_id
@@ -120,7 +121,8 @@ class _Loop:
                     self._wait()
                     continue
                 self.budget = min(self.policy.next_length(), s.max_new_tokens - len(self.seq_all))
-                self.block = Block(start=len(self.seq_all))
+                rate = self.rec.accepted / self.rec.transmitted if self.rec.transmitted else None
+                self.block = Block(start=len(self.seq_all), accept_rate=rate, audio=self.audio, language=self.language)
             block = self.block
             if len(block) < self.budget and not (block.tokens and block.tokens[-1] == eos):
                 if self._not_worth_drafting():

@@ -26,6 +26,11 @@ class Block:
     tokens: list[int] = field(default_factory=list)
     stats: list[TokenStats] = field(default_factory=list)
     q: list[torch.Tensor] = field(default_factory=list)  # (V,) probabilities the tokens were drawn from
+    # context a learned gate reads: the share of escalated draft tokens the cloud accepted so far in
+    # this caption (None before the first verdict), a summary of the clip's audio, the language
+    accept_rate: float | None = None
+    audio: tuple[float, ...] = ()
+    language: str = ""
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -42,3 +47,21 @@ def token_stats(logits: torch.Tensor, token: int, temperature: float = 1.0) -> t
     entropy = float(-(p * logp).nan_to_num().sum())
     stats = TokenStats(token, entropy, float(top2.values[0]), float(top2.values[0] - top2.values[1]), lp, rank)
     return stats, p
+
+
+def audio_summary(mel) -> tuple[float, ...]:
+    """A few numbers about the clip from its log-mel (what the edge has anyway): loudness level and
+    spread, its trend over the clip, spectral balance (centroid in mel bins, normalized) and its
+    spread, and the share of frames well above the clip's quiet floor (a voicing proxy)."""
+    import numpy as np
+    m = np.asarray(mel, dtype=np.float64)
+    if m.ndim != 2 or m.shape[1] == 0:
+        return (0.0,) * 6
+    energy = m.mean(axis=0)
+    w = np.exp(m - m.max(axis=0, keepdims=True))
+    centroid = (w * np.arange(m.shape[0])[:, None]).sum(axis=0) / w.sum(axis=0) / m.shape[0]
+    t = np.linspace(-1, 1, len(energy))
+    slope = float((t * (energy - energy.mean())).sum() / max((t * t).sum(), 1e-9))
+    floor = np.percentile(energy, 10)
+    return (float(energy.mean()), float(energy.std()), slope, float(centroid.mean()), float(centroid.std()),
+            float((energy > floor + 0.5 * (energy.max() - floor)).mean()))

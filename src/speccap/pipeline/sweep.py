@@ -138,21 +138,27 @@ def caption_one(job: tuple[dict, str]) -> dict:
             rec = cloud_only(_W["cloud"], mel, cfg.language, link, max_new, params.decode.temperature, params.seed,
                              params.decode.cloud_time_scale)
         else:
-            decode = dataclasses.replace(params.decode, gate=cfg.gate, threshold=cfg.threshold or 0.0,
-                                         block_len=cfg.block_len, rule=cfg.rule, rank=max(cfg.rank, 1),
-                                         in_flight=cfg.in_flight)
-            rec = speculative(_W["edge"], _W["cloud"], mel, cfg.language,
-                              settings_from_params(decode, max_new, params.seed), link)
+            from .gates import is_learned, load_gate
+            learned = is_learned(cfg.gate)
+            decode = dataclasses.replace(params.decode, gate="never" if learned else cfg.gate,
+                                         threshold=cfg.threshold or 0.0, block_len=cfg.block_len, rule=cfg.rule,
+                                         rank=max(cfg.rank, 1), in_flight=cfg.in_flight)
+            settings = settings_from_params(decode, max_new, params.seed)
+            if learned:
+                settings.gate = load_gate(params, cfg.gate, cfg.threshold, cache=_W.setdefault("gates", {}))
+            rec = speculative(_W["edge"], _W["cloud"], mel, cfg.language, settings, link)
         return {"id": clip_id, "caption": rec.caption, **rec.metrics()}
     except Exception as exc:  # noqa: BLE001 - recorded per caption; the configuration decides
         return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
 class Pool:
-    """Worker processes holding the models; `workers=0` runs in this process (tests, debugging)."""
+    """Worker processes holding the models; `workers=0` runs in this process (tests, debugging).
+    `fn` is the job function (module-level, takes one job, reads the models from `_W`)."""
 
-    def __init__(self, params_path: str | None, workers: int, threads: int):
+    def __init__(self, params_path: str | None, workers: int, threads: int, fn=None):
         self.workers = workers
+        self.fn = fn or caption_one
         if workers > 0:
             self.pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker,
                                                      initargs=(params_path, threads))
@@ -162,8 +168,8 @@ class Pool:
 
     def imap(self, jobs):
         if self.pool is None:
-            return map(caption_one, jobs)
-        return self.pool.imap_unordered(caption_one, jobs, chunksize=4)
+            return map(self.fn, jobs)
+        return self.pool.imap_unordered(self.fn, jobs, chunksize=4)
 
     def close(self):
         if self.pool is not None:

@@ -1,0 +1,62 @@
+"""DVC stage `gates`: learned gates trained on the traces, logged and registered in MLflow.
+
+Every (classifier, target) of params.gates is fitted on the train traces, evaluated on the
+validation traces (ROC AUC for mismatches and for critical mismatches, calibration plot, feature
+importances) and given a threshold per budget; each one is logged as a pyfunc model (features in,
+scores and decisions out) and registered under gates.registry_name (promotion is its own stage).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pandas as pd
+from prefect import flow
+
+from speccap.config import load_params
+from speccap.gating.features import FEATURES
+from speccap.pipeline.gates import gate_dir, learned_names, train_gates
+from speccap.pipeline.traces import TRACE_DIR
+from speccap.tracking import Tracker
+
+
+def _traces(split: str) -> pd.DataFrame:
+    path = TRACE_DIR / f"{split}.parquet"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no traces (run the `traces` stage first: dvc repro traces)")
+    return pd.read_parquet(path)
+
+
+@flow(name="speccap-gates")
+def gates_flow(params_path: str | None = None) -> dict:
+    params = load_params(params_path)
+    train, val = _traces("train"), _traces("val")
+    result = train_gates(params, train, val)
+    out = gate_dir(params)
+    key = hashlib.sha256(b"".join((out / f"{n}.pkl").read_bytes() for n in learned_names(params))).hexdigest()[:12]
+    result["gates_key"] = key
+    (out / "gates.json").write_text(json.dumps(result, indent=1))
+    tracker = Tracker(params.tracking.uri, params.tracking.experiment)
+    example = val[list(FEATURES)].head(5).assign(block=[0, 0, 0, 1, 1])
+    with tracker.sweep(f"gates-{key}", {"gates": params.gates.__dict__}, {"sweep_key": f"gates-{key}",
+                                                                          "stage": "gates"}) as parent:
+        versions = {}
+        for name in learned_names(params):
+            g = result["gates"][name]
+            metrics = {k: v for k, v in g.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            metrics |= {f"threshold_{b}": t for b, t in g["thresholds"].items()}
+            _, version = tracker.log_gate(
+                params.gates.registry_name, name, out / f"{name}.pkl", example,
+                {"kind": g["kind"], "target": g["target"], "budgets": list(params.gates.budgets)}, metrics,
+                artifacts=[out / f"{name}.importance.csv", out / "calibration.png"],
+                tags={"gate": name, "gates_key": key}, parent_id=parent)
+            versions[name] = version
+    result["versions"] = versions
+    (out / "gates.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(gates_flow(), indent=1))

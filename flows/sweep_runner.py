@@ -1,0 +1,74 @@
+"""The fan-out shared by the decode and gate_eval stages: configurations over a worker pool,
+each one resumable (per-caption records on disk), logged as one nested MLflow run under the
+sweep's parent run, FAILED with its error without stopping the others."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from tqdm import tqdm
+
+from speccap.config import Params
+from speccap.pipeline.sweep import Pool, RunConfig, config_key, models_fingerprint, run_config, summarize
+from speccap.tracking import Tracker
+
+_POOL: dict = {}
+
+
+@task(name="sweep-config", retries=1, retry_delay_seconds=1)
+def sweep_config(cfg: RunConfig, key: str, clips: list[dict], runs_dir: str) -> dict:
+    # a retry resumes: records already on disk are not captioned again
+    bar = tqdm(total=len(clips), desc=cfg.name, unit="clip", leave=False)
+    records = run_config(cfg, clips, _POOL["pool"], Path(runs_dir) / f"{key}.jsonl", progress=bar.update)
+    bar.close()
+    return summarize(cfg, records, clips)
+
+
+def run_sweep(params: Params, params_path: str | None, stage: str, configs: list[RunConfig],
+              clips: dict[str, list[dict]], runs_dir: str, extra_fp: str = "", run_tags=None) -> dict:
+    """Run `configs` (clips per language); returns {sweep_key, models, tracking_uri, configs: [...]}.
+    `run_tags(cfg)` adds params to a configuration's MLflow run (e.g. the budget of a gate)."""
+    log = get_run_logger()
+    fp = models_fingerprint(params) + extra_fp
+    keys = {c: config_key(c, params, fp, [x["id"] for x in clips[c.language]]) for c in configs}
+    sweep_key = hashlib.sha256(json.dumps([stage] + sorted(keys.values())).encode()).hexdigest()[:12]
+    tracker = Tracker(params.tracking.uri, params.tracking.experiment)
+    summary = {"sweep_key": sweep_key, "models": fp, "tracking_uri": tracker.uri, "configs": []}
+    sweep_params = {"data.source": params.data.source, "decode": params.decode.__dict__,
+                    "link": params.link.__dict__, "sweep": params.sweep.__dict__, "models_fingerprint": fp,
+                    "edge": params.models.edge.backend, "cloud": params.models.cloud.backend}
+    _POOL["pool"] = Pool(params_path, params.sweep.workers, params.sweep.threads)
+    try:
+        with tracker.sweep(f"{stage}-sweep-{sweep_key}", sweep_params, {"sweep_key": sweep_key, "stage": stage}) as parent:
+            summary["parent_run_id"] = parent
+            done = tracker.finished(parent)
+            for cfg in tqdm(configs, desc=stage, unit="config"):
+                key = keys[cfg]
+                extra = run_tags(cfg) if run_tags else {}
+                row = {"config_id": key, "name": cfg.name, **cfg.to_dict(), **extra}
+                run_params = cfg.to_dict() | extra | {
+                    "link": params.link.name, "rtt_ms": params.link.rtt_ms, "uplink_mbps": params.link.uplink_mbps,
+                    "clips": len(clips[cfg.language]), "max_new_tokens": params.models.max_new_tokens}
+                try:
+                    metrics = sweep_config(cfg, key, clips[cfg.language], runs_dir)
+                except Exception as exc:  # noqa: BLE001 - recorded as a FAILED run; the sweep goes on
+                    log.error(f"{cfg.name} failed: {exc}")
+                    if key not in done:
+                        tracker.log_config(parent, key, cfg.name, run_params, {}, error=str(exc))
+                    summary["configs"].append(row | {"status": "FAILED", "error": str(exc)})
+                    continue
+                if key not in done:
+                    positions = metrics.pop("position_acceptance", [])
+                    tracker.log_config(parent, key, cfg.name, run_params, metrics,
+                                       artifacts=[Path(runs_dir) / f"{key}.jsonl"],
+                                       series={"position_acceptance": positions})
+                    metrics["position_acceptance"] = positions
+                summary["configs"].append(row | {"status": "FINISHED", "metrics": metrics})
+    finally:
+        _POOL.pop("pool").close()
+    failed = [c["name"] for c in summary["configs"] if c["status"] == "FAILED"]
+    log.info(f"{len(configs) - len(failed)} configurations finished, {len(failed)} failed {failed}")
+    return summary

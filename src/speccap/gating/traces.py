@@ -1,0 +1,101 @@
+"""Mismatch traces: what the cloud thinks of every drafted token, and what a wrong one costs.
+
+Speculative decoding runs with the cloud verifying every block (gate `always`, the rank rule).
+For each drafted token a row holds the gate features (gating.features), the cloud's verdict on it
+(its rank under the cloud, the cloud's argmax at that position, mismatch = rank > R) and, at each
+block's first rejected token (the one the rule replaces), an impact label in the AutoJudge manner:
+the caption is finished twice by the cloud, once keeping the draft token and once with the cloud's
+token, both are scored against the references, and the mismatch is critical when keeping the
+draft token costs more than `critical_margin` quality points (quality = mean of BLEU-1, METEOR and
+ROUGE-L, x100). Tokens after a block's first rejection were conditioned on a rejected token: their
+mismatch label is kept, their impact is not defined (NaN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import LinkConfig
+from ..decoding.engine import SpecSettings, speculative
+from ..decoding.gates import Always
+from ..decoding.link import Link
+from ..decoding.policies import Fixed
+from ..decoding.verify import Rank, cloud_rank
+from ..metrics.caption import score_captions
+from ..models.base import AudioLM
+from .features import FEATURES, block_features
+
+NO_LINK = LinkConfig(name="none", uplink_mbps=1e6, downlink_mbps=1e6, rtt_ms=0.0, overhead_bytes=0)
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    block_len: int = 5
+    rank: int = 2  # R: a mismatch is a token the rank rule would replace
+    critical_margin: float = 1.0  # quality points (x100) the draft token must cost to be critical
+    max_new_tokens: int = 128
+
+
+def quality(caption: str, references: list[str], language: str) -> float:
+    """Mean of sentence BLEU-1, METEOR and ROUGE-L (x100) of one caption."""
+    rec = score_captions([caption], [references], language).per_caption[0]
+    return (rec["bleu1"] + rec["meteor"] + rec["rouge_l"]) / 3
+
+
+def finish(lm: AudioLM, mel: np.ndarray, language: str, prefix: list[int], max_new_tokens: int) -> list[int]:
+    """The caption `lm` writes greedily after `prefix` (prefix included)."""
+    sess = lm.start(mel, language)
+    ids = list(prefix)
+    logits = sess.extend(ids).logits[-1] if ids else sess.prefill_logits
+    while len(ids) < max_new_tokens:
+        tok = int(logits.argmax())
+        if tok == lm.eos_token_id:
+            break
+        ids.append(tok)
+        logits = sess.extend([tok]).logits[-1]
+    return ids
+
+
+def trace_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str, references: list[str],
+                  settings: TraceSettings) -> tuple[list[dict], str]:
+    """The trace rows of one clip and the caption the loop produced."""
+    rows: list[dict] = []
+    blocks = []
+
+    def observe(block, cloud_rows, verdict, committed):
+        first_reject = verdict.accepted if verdict.corrected else None
+        feats = block_features(block)
+        b = len(blocks)
+        blocks.append((block, list(committed), first_reject, verdict.token if verdict.corrected else None))
+        for i, tok in enumerate(block.tokens):
+            rank = cloud_rank(cloud_rows[i], tok)
+            row = dict(zip(FEATURES, (float(x) for x in feats[i])))
+            row.update(block=b, i=i, token=tok, cloud_rank=rank, cloud_argmax=int(cloud_rows[i].argmax()),
+                       mismatch=rank > settings.rank, after_reject=first_reject is not None and i > first_reject,
+                       first_reject=first_reject == i, impact=np.nan, critical=np.nan)
+            rows.append(row)
+
+    spec = SpecSettings(gate=Always(), rule=Rank(settings.rank), policy=Fixed(settings.block_len),
+                        max_new_tokens=settings.max_new_tokens, observer=observe)
+    rec = speculative(edge, cloud, mel, language, spec, Link(NO_LINK))
+    # impact of each block's first rejected token: finish with the draft token vs the cloud's
+    row_at = {(r["block"], r["i"]): r for r in rows}
+    for b, (block, committed, first_reject, correction) in enumerate(blocks):
+        for i in range(len(block) if first_reject is None else first_reject):
+            row_at[(b, i)]["impact"], row_at[(b, i)]["critical"] = 0.0, 0.0  # accepted: nothing to repair
+        if first_reject is None:
+            continue
+        prefix = committed + block.tokens[:first_reject]
+        draft = block.tokens[first_reject]
+        keep = [] if draft == edge.eos_token_id else finish(cloud, mel, language, prefix + [draft],
+                                                            settings.max_new_tokens)
+        fix = [] if correction == cloud.eos_token_id else finish(cloud, mel, language, prefix + [correction],
+                                                                 settings.max_new_tokens)
+        q_keep = quality(cloud.decode(keep or prefix), references, language)
+        q_fix = quality(cloud.decode(fix or prefix), references, language)
+        r = row_at[(b, first_reject)]
+        r["impact"] = q_fix - q_keep
+        r["critical"] = float(q_fix - q_keep > settings.critical_margin)
+    return rows, rec.caption

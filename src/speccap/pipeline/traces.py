@@ -1,0 +1,112 @@
+"""Trace collection over the train and validation splits (the `traces` stage), resumable.
+
+Each clip's rows are appended to `<dir>/<split>.<lang>.jsonl` as soon as it is traced, so an
+interrupted run picks up where it stopped; the stage then writes one Parquet table per split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import traceback
+from pathlib import Path
+
+import pandas as pd
+
+from ..config import Params
+from ..data.manifest import manifest_path, read_manifest
+from . import sweep
+
+TRACE_DIR = Path("data/traces")
+
+
+def trace_clips(params: Params, split: str, language: str) -> list[dict]:
+    recs = read_manifest(manifest_path(params.data.processed_dir, split, language))
+    n = params.gates.traces.train_clips if split == "train" else params.gates.traces.val_clips
+    return recs[:n] if n else recs
+
+
+def trace_settings(params: Params):
+    from ..gating.traces import TraceSettings
+    t = params.gates.traces
+    return TraceSettings(block_len=t.block_len, rank=params.decode.rank, critical_margin=t.critical_margin,
+                         max_new_tokens=params.models.max_new_tokens)
+
+
+def traces_key(params: Params) -> str:
+    """What a clip's trace depends on besides the clip: records with another key are traced again."""
+    blob = json.dumps([dataclasses.asdict(trace_settings(params)), sweep.models_fingerprint(params)], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def trace_one(job: tuple[str, str, str, list[str], str]) -> dict:
+    """Trace one clip in a worker (models from sweep._W); errors come back as a record."""
+    from ..data.featurize import load_clip_features
+    from ..gating.traces import trace_caption
+    clip_id, split, language, references, key = job
+    params: Params = sweep._W["params"]
+    try:
+        mel, _ = load_clip_features(params.data.processed_dir, clip_id)
+        rows, caption = trace_caption(sweep._W["edge"], sweep._W["cloud"], mel, language, references,
+                                      trace_settings(params))
+        return {"id": clip_id, "key": key, "split": split, "language": language, "caption": caption, "rows": rows}
+    except Exception as exc:  # noqa: BLE001 - the stage decides what a failed clip means
+        return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+
+
+def collect(params: Params, pool: sweep.Pool, out_dir: Path = TRACE_DIR, progress=None) -> dict[str, pd.DataFrame]:
+    """Trace every selected clip not yet on disk; return one table per split (train, val)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables, errors = {}, []
+    key = traces_key(params)
+    for split in ("train", "val"):
+        frames = []
+        for lang in params.data.languages:
+            clips = trace_clips(params, split, lang)
+            path = out_dir / f"{split}.{lang}.jsonl"
+            done = {}
+            if path.exists():
+                for line in path.read_text(encoding="utf-8").splitlines():
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a line torn by a crash: that clip is traced again
+                    if rec.get("key") == key:  # traced under other settings or models: again
+                        done[rec["id"]] = rec
+                path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done.values()),
+                                encoding="utf-8")
+            jobs = [(c["id"], split, lang, c["references"], key) for c in clips if c["id"] not in done]
+            with open(path, "a", encoding="utf-8") as fh:
+                for rec in pool.imap(jobs):
+                    if "error" in rec:
+                        errors.append(rec)
+                    else:
+                        fh.write(json.dumps(rec, ensure_ascii=False, default=float) + "\n")
+                        fh.flush()
+                        done[rec["id"]] = rec
+                    if progress is not None:
+                        progress()
+            for c in clips:
+                if c["id"] in done:
+                    df = pd.DataFrame(done[c["id"]]["rows"])
+                    df.insert(0, "clip_id", c["id"])
+                    df.insert(1, "language", lang)
+                    frames.append(df)
+        tables[split] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if errors:
+        raise RuntimeError(f"{len(errors)} clip(s) could not be traced (the others are kept); first: "
+                           f"{errors[0]['id']}: {errors[0]['error']}")
+    return tables
+
+
+def summary(tables: dict[str, pd.DataFrame]) -> dict:
+    out = {}
+    for split, df in tables.items():
+        judged = df[df["first_reject"]] if len(df) else df
+        out[split] = {"clips": int(df["clip_id"].nunique()) if len(df) else 0, "tokens": int(len(df)),
+                      "mismatch_rate": float(df["mismatch"].mean()) if len(df) else 0.0,
+                      "judged_mismatches": int(len(judged)),
+                      "critical_share_of_judged": float(judged["critical"].mean()) if len(judged) else 0.0,
+                      "mean_impact": float(judged["impact"].mean()) if len(judged) else 0.0}
+    return out

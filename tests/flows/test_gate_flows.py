@@ -1,0 +1,65 @@
+"""traces -> gates -> gate_eval -> promote as Prefect flows on the tiny project, against a real
+MLflow SQLite store and registry; then `speccap caption --gate champion` uses the promoted gate."""
+
+import json
+import shutil
+
+import pandas as pd
+import yaml
+
+from speccap.data.manifest import manifest_path, read_manifest
+from speccap.tracking import Tracker
+
+
+def test_gate_chain_end_to_end(tiny_project, tmp_path, monkeypatch, capsys):
+    from flows.gate_eval import gate_eval_flow
+    from flows.gates import gates_flow
+    from flows.promote import promote_flow
+    from flows.traces import traces_flow
+    from speccap.cli import main
+    params, _, params_file = tiny_project
+    raw = yaml.safe_load(params_file.read_text())
+    shutil.copytree(params.models.dir, tmp_path / "models")
+    raw["models"]["dir"] = str(tmp_path / "models")
+    raw["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "gates-test"}
+    raw["gates"] = {"traces": {"train_clips": 4, "val_clips": 2, "block_len": 2}, "budgets": [0.3, 0.6],
+                    "promote_budget": 0.3, "eval_clips": 2}
+    pfile = tmp_path / "params.yaml"
+    pfile.write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+    summary = traces_flow(str(pfile))
+    train = pd.read_parquet(tmp_path / "data/traces/train.parquet")
+    assert summary["train"]["clips"] == 8 and len(train) == summary["train"]["tokens"] > 0
+    assert {"entropy", "cloud_rank", "mismatch", "impact", "critical", "clip_id"} <= set(train.columns)
+    # a rerun resumes: nothing is traced again
+    traces_flow(str(pfile))
+    assert (tmp_path / "data/traces/train.en.jsonl").read_text().count("\n") == 4
+
+    gates = gates_flow(str(pfile))
+    names = ["logistic-mismatch", "logistic-critical", "lightgbm-mismatch", "lightgbm-critical"]
+    assert set(names) <= set(gates["gates"]) and {"entropy", "margin"} <= set(gates["gates"])
+    tracker = Tracker(raw["tracking"]["uri"], "gates-test")
+    assert len(tracker.model_versions("speccap-gate")) == 4
+
+    result = gate_eval_flow(str(pfile))
+    en = result["languages"]["en"]
+    assert set(en["gates"]) == set(names) | {"entropy", "margin"}
+    assert all(len(v) == 2 for v in en["gates"].values())
+    assert (tmp_path / "reports/gates/pareto.png").stat().st_size > 5000
+    assert "| en | lightgbm-critical |" in (tmp_path / "reports/gates/gates.md").read_text()
+    budget_runs = [r for r in tracker.runs() if r["params"].get("gate_name") == "lightgbm-mismatch"]
+    assert {r["params"]["budget"] for r in budget_runs} == {"0.3", "0.6"}
+
+    first = promote_flow(str(pfile))
+    assert first["promote"] in names and "first champion" in first["reason"]
+    champ = tracker.champion("speccap-gate")
+    assert champ["tags"]["gate"] == first["promote"] and "promotion_reason" in champ["tags"]
+    again = promote_flow(str(pfile))  # the same gates: nothing changes
+    assert again["promote"] is None and tracker.champion("speccap-gate")["version"] == champ["version"]
+
+    wav = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]["path"]
+    assert main(["--params", str(pfile), "caption", wav, "--mode", "ugsd", "--gate", "champion", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert isinstance(out["caption"], str) and "rho" in out

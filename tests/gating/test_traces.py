@@ -1,0 +1,49 @@
+import math
+
+import pytest
+
+from speccap.decoding.engine import SpecSettings, speculative
+from speccap.decoding.gates import Always
+from speccap.decoding.link import Link
+from speccap.decoding.policies import Fixed
+from speccap.decoding.verify import Rank
+from speccap.gating.traces import NO_LINK, TraceSettings, finish, quality, trace_caption
+
+from ..decoding.test_engine import audio, pair  # noqa: F401  (fixtures)
+
+REFS = ["the speaker sounds calm and steady", "a calm steady voice"]
+
+
+def test_rows_hold_the_cloud_verdict_and_impact_labels(pair, audio):
+    edge, cloud = pair
+    s = TraceSettings(block_len=4, rank=3, critical_margin=0.5, max_new_tokens=20)
+    rows, caption = trace_caption(edge, cloud, audio[1], "en", REFS, s)
+    plain = speculative(edge, cloud, audio[1], "en", SpecSettings(Always(), Rank(3), Fixed(4), max_new_tokens=20),
+                        Link(NO_LINK))
+    assert caption == plain.caption  # observing does not change the loop
+    assert len(rows) == plain.drafted
+    assert all(r["mismatch"] == (r["cloud_rank"] > 3) for r in rows)
+    firsts = [r for r in rows if r["first_reject"]]
+    assert len(firsts) == plain.corrected > 0 and all(r["mismatch"] for r in firsts)
+    for r in rows:
+        if r["first_reject"]:
+            assert not math.isnan(r["impact"]) and r["critical"] == float(r["impact"] > 0.5)
+        elif r["after_reject"]:
+            assert math.isnan(r["impact"]) and math.isnan(r["critical"])
+        else:  # accepted: nothing to repair
+            assert not r["mismatch"] and r["impact"] == 0.0 and r["critical"] == 0.0
+
+
+def test_impact_is_the_quality_the_draft_token_costs(pair, audio):
+    edge, cloud = pair
+    s = TraceSettings(block_len=3, rank=2, critical_margin=0.0, max_new_tokens=12)
+    rows, _ = trace_caption(edge, cloud, audio[1], "en", REFS, s)
+    # the first block starts the caption: its prefix is its own tokens before the rejection
+    first = [r for r in rows if r["block"] == 0]
+    j = next(r["i"] for r in first if r["first_reject"])
+    prefix = [r["token"] for r in first[:j]]
+    keep = finish(cloud, audio[1], "en", prefix + [first[j]["token"]], 12)
+    fix = finish(cloud, audio[1], "en", prefix + [first[j]["cloud_argmax"]], 12)
+    expected = quality(cloud.decode(fix), REFS, "en") - quality(cloud.decode(keep), REFS, "en")
+    assert first[j]["impact"] == pytest.approx(expected)
+    assert quality(REFS[0], REFS, "en") > quality("zzz", REFS, "en")
