@@ -173,7 +173,7 @@ class GatesParams:
     targets: tuple[str, ...] = ("mismatch", "critical")
     baselines: tuple[str, ...] = ("entropy", "margin")  # rule gates evaluated at the same budgets
     budgets: tuple[float, ...] = (0.05, 0.1, 0.15, 0.25)  # target escalation rates rho*
-    eval_clips: int = 150  # test clips per language for the gate evaluation (0 = all)
+    eval_clips: int = 100  # test clips per language for the gate evaluation (0 = all)
     registry_name: str = "speccap-gate"
     promote_budget: float = 0.15  # the budget the champion is chosen at (quality on validation)
 
