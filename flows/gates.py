@@ -46,7 +46,7 @@ def gates_flow(params_path: str | None = None) -> dict:
         for name in learned_names(params):
             g = result["gates"][name]
             metrics = {k: v for k, v in g.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            metrics |= {f"threshold_{b}": t for b, t in g["thresholds"].items()}
+            metrics |= {f"threshold_{b}_{lang}": t for b, per in g["thresholds"].items() for lang, t in per.items()}
             _, version = tracker.log_gate(
                 params.gates.registry_name, name, out / f"{name}.pkl", example,
                 {"kind": g["kind"], "target": g["target"], "budgets": list(params.gates.budgets)}, metrics,

@@ -83,6 +83,14 @@ def test_gate_registry_alias_and_mlflow_models_serve(tmp_path, monkeypatch):
     saved = tracker.load_gate("gate-test", "champion")
     local = saved["model"].token_scores(rows[list(FEATURES)].to_numpy("float32"))
     assert local[2] > local[0]  # high entropy: more likely a mismatch
+    # per-language thresholds: the `zh` feature column picks the row's threshold
+    import pickle
+    per_lang = tmp_path / "gate2.pkl"
+    per_lang.write_bytes(pickle.dumps(pickle.loads(_gate_file(tmp_path).read_bytes()) | {"threshold": {"en": 1.0, "zh": 0.0}}))
+    _, v2 = tracker.log_gate("gate-test", "g2", per_lang, rows, {"kind": "lightgbm"}, {})
+    mixed = rows.assign(zh=[1.0, 1.0, 0.0, 0.0])
+    decided = tracker.mlflow.pyfunc.load_model(f"models:/gate-test/{v2}").predict(mixed)
+    assert decided["escalate"].tolist() == [True, True, False, False]  # zh: always; en: never
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -198,7 +198,8 @@ def _gate_pyfunc():
     class GateModel(mlflow.pyfunc.PythonModel):
         """Rows of gate features in (gating.features.FEATURES; an optional `block` column groups
         them, else all rows are one block), per row out: the token score, its block's score (the
-        max) and whether that block goes to the cloud (block score > the gate's threshold)."""
+        max) and whether that block goes to the cloud (block score > the gate's threshold, the one
+        of the row's language when thresholds are per language)."""
 
         def load_context(self, context):
             import pickle
@@ -217,7 +218,11 @@ def _gate_pyfunc():
             out = pd.DataFrame({"score": scores})
             groups = model_input["block"].to_numpy() if "block" in model_input.columns else np.zeros(len(out))
             out["block_score"] = out.groupby(groups)["score"].transform("max").to_numpy()
-            out["escalate"] = out["block_score"] > self.gate["threshold"]
+            thr = self.gate["threshold"]
+            if isinstance(thr, dict):  # per language: the `zh` feature says which
+                zh = model_input["zh"].to_numpy(float) > 0.5
+                thr = np.where(zh, thr.get("zh", max(thr.values())), thr.get("en", max(thr.values())))
+            out["escalate"] = out["block_score"] > thr
             return out
 
     return GateModel

@@ -1,6 +1,8 @@
 """traces -> gates -> gate_eval -> promote as Prefect flows on the tiny project, against a real
 MLflow SQLite store and registry; then `speccap caption --gate champion` uses the promoted gate."""
 
+import contextlib
+import io
 import json
 import shutil
 
@@ -11,7 +13,7 @@ from speccap.data.manifest import manifest_path, read_manifest
 from speccap.tracking import Tracker
 
 
-def test_gate_chain_end_to_end(tiny_project, tmp_path, monkeypatch, capsys):
+def test_gate_chain_end_to_end(tiny_project, tmp_path, monkeypatch):
     from flows.gate_eval import gate_eval_flow
     from flows.gates import gates_flow
     from flows.promote import promote_flow
@@ -60,6 +62,9 @@ def test_gate_chain_end_to_end(tiny_project, tmp_path, monkeypatch, capsys):
     assert again["promote"] is None and tracker.champion("speccap-gate")["version"] == champ["version"]
 
     wav = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]["path"]
-    assert main(["--params", str(pfile), "caption", wav, "--mode", "ugsd", "--gate", "champion", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # stdout only: capsys would also swap the stderr that Prefect's log handler holds on to
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["--params", str(pfile), "caption", wav, "--mode", "ugsd", "--gate", "champion", "--json"]) == 0
+    out = json.loads(buf.getvalue().strip().splitlines()[-1])
     assert isinstance(out["caption"], str) and "rho" in out

@@ -18,7 +18,7 @@ def _traces(n_blocks=300, seed=0):
             mismatch = rng.random() < 1 / (1 + np.exp(-3 * (f["entropy"] - 1.5)))
             critical = float(f["pos_in_caption"] > 30) if mismatch else 0.0
             rows.append(f | {"clip_id": f"c{b // 10}", "block": b % 10, "mismatch": mismatch,
-                             "first_reject": mismatch, "critical": critical})
+                             "first_reject": mismatch, "critical": critical, "language": ("en", "zh")[b // 10 % 2]})
     return pd.DataFrame(rows)
 
 
@@ -59,3 +59,17 @@ def test_block_score_is_the_max_over_tokens():
     assert len(blocks) == 20 and (blocks["size"] == 5).all()
     first = t[(t.clip_id == "c0") & (t.block == 0)]
     assert blocks.loc[("c0", 0), "score"] == pytest.approx(first["entropy"].max())
+
+
+def test_learned_gate_uses_the_threshold_of_the_block_language():
+    from speccap.decoding.stats import Block, TokenStats
+    from speccap.gating.learned import LearnedGate
+    model = fit_gate(_traces(), "logistic", "mismatch")
+    block = Block(start=0, language="zh")
+    block.tokens.append(1)
+    block.stats.append(TokenStats(1, 2.0, 0.3, 0.1, -1.2, 2))
+    score = LearnedGate(model, 0.5).score(block)
+    gate = LearnedGate(model, {"en": score - 0.01, "zh": score + 0.01})
+    assert not gate.escalate(block)
+    block.language = "en"
+    assert gate.escalate(block)

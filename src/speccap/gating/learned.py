@@ -107,15 +107,25 @@ def rule_token_scores(traces: pd.DataFrame, gate: str) -> np.ndarray:
 
 
 class LearnedGate(ScoreGate):
-    """Escalate a block when its highest token score is above the threshold."""
+    """Escalate a block when its highest token score is above the threshold: one number, or one
+    per language ({"en": ..., "zh": ...}: the score distributions of the two languages differ, so a
+    shared threshold would spend a different budget in each)."""
 
-    def __init__(self, model: GateModel, threshold: float, name: str | None = None):
-        super().__init__(threshold)
+    def __init__(self, model: GateModel, threshold: float | dict, name: str | None = None):
+        self.thresholds = dict(threshold) if isinstance(threshold, dict) else {}
+        super().__init__(float(threshold) if not self.thresholds else max(self.thresholds.values()))
         self.model = model
         self.name = name or f"{model.kind}-{model.target}"
+
+    def threshold_for(self, language: str) -> float:
+        return self.thresholds.get(language, self.threshold)
 
     def score(self, block: Block) -> float:
         return float(self.model.token_scores(block_features(block)).max())
 
+    def escalate(self, block: Block) -> bool:
+        return len(block) > 0 and self.score(block) > self.threshold_for(block.language)
+
     def describe(self) -> dict:
-        return {"gate": self.name, "threshold": self.threshold, "kind": self.model.kind, "target": self.model.target}
+        return {"gate": self.name, "threshold": self.thresholds or self.threshold, "kind": self.model.kind,
+                "target": self.model.target}

@@ -27,7 +27,7 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
         configs += [RunConfig("edge", lang), RunConfig("cloud", lang)]
         for name in names:
             for b in params.gates.budgets:
-                thr = gates_json["gates"][name]["thresholds"][str(b)]
+                thr = gates_json["gates"][name]["thresholds"][str(b)][lang]  # calibrated per language
                 cfg = RunConfig("ugsd", lang, name, float(thr), d.block_len, **base)
                 configs.append(cfg)
                 tags[cfg] = {"gate_name": name, "budget": b}

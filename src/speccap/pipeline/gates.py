@@ -82,8 +82,7 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
         kind, target = name.split("-", 1)
         model = fit_gate(train, kind, target, params.seed)
         s = model.token_scores(x_val)
-        blocks = block_table(val, s)
-        thresholds = {str(b): threshold_for_budget(blocks, b) for b in g.budgets}
+        thresholds = _thresholds(val, s, g.budgets)
         pm = model.mismatch.predict_proba(x_val)[:, 1]
         pred, frac = calibration_curve(y_mis, pm, n_bins=8, strategy="quantile")
         curves[name] = (pred, frac)
@@ -93,18 +92,28 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
                  "auc_critical": _auc(y_crit, s), "top_features": imp["feature"].head(5).tolist(), **model.meta}
         with open(out / f"{name}.pkl", "wb") as fh:
             pickle.dump({"model": model, "thresholds": thresholds,
-                         "threshold": threshold_for_budget(blocks, g.promote_budget), "name": name}, fh)
+                         "threshold": _thresholds(val, s, [g.promote_budget])[str(g.promote_budget)], "name": name}, fh)
         result["gates"][name] = entry
     for rule in g.baselines:
         s = rule_token_scores(val, rule)
-        blocks = block_table(val, s)
         result["gates"][rule] = {"kind": "rule", "target": "-",
-                                 "thresholds": {str(b): _rule_threshold(rule, threshold_for_budget(blocks, b))
-                                                for b in g.budgets},
+                                 "thresholds": {b: {lang: _rule_threshold(rule, t) for lang, t in per.items()}
+                                                for b, per in _thresholds(val, s, g.budgets).items()},
                                  "auc_mismatch": _auc(y_mis, s), "auc_critical": _auc(y_crit, s)}
     calibration_plot(curves, out / "calibration.png")
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def _thresholds(val: pd.DataFrame, scores: np.ndarray, budgets) -> dict[str, dict[str, float]]:
+    """budget -> language -> threshold, each language calibrated on its own validation blocks."""
+    out = {str(b): {} for b in budgets}
+    for lang in sorted(val["language"].unique()):
+        mask = (val["language"] == lang).to_numpy()
+        blocks = block_table(val[mask], scores[mask])
+        for b in budgets:
+            out[str(b)][lang] = threshold_for_budget(blocks, b)
+    return out
 
 
 def _rule_threshold(rule: str, score_threshold: float) -> float:
@@ -112,8 +121,10 @@ def _rule_threshold(rule: str, score_threshold: float) -> float:
     return -score_threshold if rule in ("margin", "logprob") else score_threshold
 
 
-def load_gate(params: Params, name: str, threshold: float | None = None, cache: dict | None = None) -> LearnedGate:
-    """A learned gate from models/gates/<name>.pkl, at `threshold` (default: the promote budget's)."""
+def load_gate(params: Params, name: str, threshold: float | dict | None = None,
+              cache: dict | None = None) -> LearnedGate:
+    """A learned gate from models/gates/<name>.pkl, at `threshold` (default: the promote budget's,
+    per language)."""
     path = gate_dir(params) / f"{name}.pkl"
     if cache is not None and path in cache:
         saved = cache[path]
