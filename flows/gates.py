@@ -39,7 +39,7 @@ def gates_flow(params_path: str | None = None) -> dict:
     result["gates_key"] = key
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     tracker = Tracker(params.tracking.uri, params.tracking.experiment)
-    example = val[list(FEATURES)].head(5).assign(block=[0, 0, 0, 1, 1])
+    example = val[list(FEATURES)].head(5).assign(block=[0.0, 0.0, 0.0, 1.0, 1.0])  # floats: no int-schema warning
     with tracker.sweep(f"gates-{key}", {"gates": params.gates.__dict__}, {"sweep_key": f"gates-{key}",
                                                                           "stage": "gates"}) as parent:
         versions = {}
