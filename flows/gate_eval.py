@@ -11,14 +11,14 @@ from prefect import flow
 from flows.sweep_runner import run_sweep
 from speccap.config import load_params
 from speccap.pipeline.gate_report import OUT, build_gate_report, gate_configs
-from speccap.pipeline.gates import gate_dir
+from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.sweep import eval_clips
 
 
 @flow(name="speccap-gate-eval")
 def gate_eval_flow(params_path: str | None = None) -> dict:
     params = load_params(params_path)
-    gates_json = json.loads((gate_dir(params) / "gates.json").read_text())
+    gates_json = read_gates_json(params)
     configs, tags = gate_configs(params, gates_json)
     n = params.gates.eval_clips
     clips = {lang: eval_clips(params, lang)[: n or None] for lang in params.data.languages}

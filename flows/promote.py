@@ -14,7 +14,7 @@ from speccap.config import load_params
 from speccap.gating.learned import LearnedGate
 from speccap.models.base import shared_vocab
 from speccap.models.loading import load_role
-from speccap.pipeline.gates import gate_dir, learned_names, load_gate
+from speccap.pipeline.gates import learned_names, load_gate, read_gates_json
 from speccap.pipeline.promote import decide, evaluate_gate, validation_clips
 from speccap.tracking import Tracker
 
@@ -25,7 +25,7 @@ OUT = Path("reports/promotion.json")
 def promote_flow(params_path: str | None = None) -> dict:
     params = load_params(params_path)
     torch.set_num_threads(params.sweep.threads * max(params.sweep.workers, 1))
-    gates_json = json.loads((gate_dir(params) / "gates.json").read_text())
+    gates_json = read_gates_json(params)
     edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
     shared_vocab(edge, cloud)
     clips = validation_clips(params)

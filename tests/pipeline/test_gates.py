@@ -33,3 +33,10 @@ def test_train_gates_saves_each_gate_with_thresholds_per_budget(tmp_path):
     assert is_learned("logistic-mismatch") and not is_learned("entropy")
     with pytest.raises(FileNotFoundError, match="dvc repro gates"):
         load_gate(p, "lightgbm-nothing")
+
+
+def test_missing_gates_json_names_the_file_and_the_stage(tmp_path):
+    from speccap.pipeline.gates import read_gates_json
+    p = params_from_dict({"models": {"dir": str(tmp_path)}})
+    with pytest.raises(FileNotFoundError, match=r"gates\.json.*dvc repro gates"):
+        read_gates_json(p)

@@ -63,36 +63,33 @@ class Entropy(ScoreGate):
         return max(s.entropy for s in block.stats)
 
 
-class Margin(ScoreGate):
-    """Escalate when min margin < delta: the score is the negated margin, the threshold -delta."""
+class _BelowThreshold(ScoreGate):
+    """Escalate when some drafted token's statistic `stat` is below `value`: the score is the
+    negated minimum, the threshold the negated value (so that higher still means more doubtful)."""
 
-    name = "margin"
+    stat = ""
 
-    def __init__(self, delta: float):
-        super().__init__(-float(delta))
-        self.delta = float(delta)
-
-    def score(self, block: Block) -> float:
-        return -min(s.margin for s in block.stats)
-
-    def describe(self) -> dict:
-        return {"gate": self.name, "threshold": self.delta}
-
-
-class LogProb(ScoreGate):
-    """Escalate when some drafted token's log-probability < threshold (score: negated min log-prob)."""
-
-    name = "logprob"
-
-    def __init__(self, threshold: float):
-        super().__init__(-float(threshold))
-        self.logprob_threshold = float(threshold)
+    def __init__(self, value: float):
+        super().__init__(-float(value))
+        self.value = float(value)
 
     def score(self, block: Block) -> float:
-        return -min(s.logprob for s in block.stats)
+        return -min(getattr(s, self.stat) for s in block.stats)
 
     def describe(self) -> dict:
-        return {"gate": self.name, "threshold": self.logprob_threshold}
+        return {"gate": self.name, "threshold": self.value}
+
+
+class Margin(_BelowThreshold):
+    """Escalate when some token's top-1 minus top-2 probability is below delta."""
+
+    name, stat = "margin", "margin"
+
+
+class LogProb(_BelowThreshold):
+    """Escalate when some drafted token's log-probability is below the threshold."""
+
+    name, stat = "logprob", "logprob"
 
 
 def make_gate(name: str, threshold: float | None = None) -> Gate:

@@ -121,6 +121,14 @@ def _rule_threshold(rule: str, score_threshold: float) -> float:
     return -score_threshold if rule in ("margin", "logprob") else score_threshold
 
 
+def read_gates_json(params: Params) -> dict:
+    """What the `gates` stage wrote: thresholds per gate, budget and language, the gates key, versions."""
+    path = gate_dir(params) / "gates.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no trained gates (run the `gates` stage first: dvc repro gates)")
+    return json.loads(path.read_text())
+
+
 def load_gate(params: Params, name: str, threshold: float | dict | None = None,
               cache: dict | None = None) -> LearnedGate:
     """A learned gate from models/gates/<name>.pkl, at `threshold` (default: the promote budget's,
