@@ -24,6 +24,7 @@ from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
 from ..models.generate import pick
 from . import packets
+from .cloud import CloudSession
 from .gates import Gate
 from .link import Link
 from .policies import LengthPolicy
@@ -68,6 +69,9 @@ class CaptionRecord:
     wasted: int = 0
     stale: int = 0
     resources: dict = field(default_factory=dict)
+    # networked edge (speccap.serving.edge): measured round trips, HTTP bytes, the link model's
+    # prediction for the same packets, and blocks committed locally because the cloud failed
+    network: dict = field(default_factory=dict)
 
     @property
     def n_tokens(self) -> int:
@@ -92,6 +96,7 @@ class CaptionRecord:
             "position_checked": self.position_checked, "position_accepted": self.position_accepted,
         }
         out.update(self.resources)
+        out.update(self.network)
         return out
 
 
@@ -270,38 +275,50 @@ class _Edge:
 
 
 class _Cloud:
-    """The cloud's half: its session for this caption, opened on the first escalation. With
+    """The cloud's half in-process: a `CloudSession` on this caption's clock and record. With
     `cloud_cache` its KV cache persists across rounds; without, audio and prefix are re-encoded."""
 
     def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, clock: _Clock, rec: CaptionRecord):
-        self.lm, self.features, self.language, self.s, self.clock, self.rec = lm, features, language, s, clock, rec
-        self.rng = np.random.default_rng(s.seed)
-        self.sess = None
-        self.last: torch.Tensor | None = None  # distribution after the last token in its cache
+        self.s, self.clock, self.rec, self.features, self.language = s, clock, rec, features, language
+        self.session = CloudSession(lm, features, language, s.rule, s.seed, s.cloud_cache)
+        self.synced = 0  # committed caption tokens the cloud's cache holds
+
+    @property
+    def sess(self):
+        return self.session.sess
+
+    @property
+    def rows(self):
+        return self.session.rows
 
     def verify(self, sync: list[int], prefix: list[int], block: Block, eos: int):
-        """One round: ONE forward over `sync` (committed tokens it has not seen) + the draft, the
-        rule's verdict, and the cache cropped past the rejected tokens. `prefix` is the whole
-        caption before the block (fed instead of `sync` when the cache is not kept). Returns the
-        verdict and the (scaled) compute seconds."""
-        s, spent = self.s, 0.0
-        if self.sess is None or not s.cloud_cache:
-            self.sess, dt = self.clock.measure(self.lm.start, self.features, self.language, scale=s.cloud_time_scale)
-            spent += dt
-            self.rec.cloud_tokens += self.sess.prompt_len
-            self.last = self.sess.prefill_logits
-            if not s.cloud_cache:
-                sync = prefix  # a fresh cache needs the whole caption so far again
-        out, dt = self.clock.measure(self.sess.extend, sync + block.tokens, scale=s.cloud_time_scale)
-        spent += dt
-        self.rec.cloud_tokens += len(sync) + len(block)
+        """One round on the session; returns the verdict and the (scaled) compute seconds."""
+        verdict, spent, positions = self.session.verify(
+            sync, prefix, block.tokens, block.q, eos,
+            measure=lambda fn, *a: self.clock.measure(fn, *a, scale=self.s.cloud_time_scale))
+        self.rec.cloud_tokens += positions
         self.rec.cloud_compute += spent
-        rows = torch.cat([self.last[None], out.logits])[len(sync):]  # row i scores draft token i
-        self.rows = rows
-        verdict = s.rule.verify(block.tokens, rows, block.q or None, eos, self.rng)
-        self.sess.rollback(len(block) - verdict.accepted)
-        self.last = rows[verdict.accepted]
         return verdict, spent
+
+    def round(self, link: Link, session_id: int, seq: int, committed: list[int], block: Block, eos: int,
+              bits: int):
+        """The blocking loop's escalation: the packets up on the link model, one verification, the
+        verdict down, all on the virtual clock. Returns the verdict (never None: this cloud cannot fail)."""
+        rec, clock = self.rec, self.clock
+        sync = committed[self.synced:]
+        if self.sess is None:
+            _charge(rec, clock, link, "up", "features", packets.features_packet(session_id, self.features,
+                                                                                self.language))
+        _charge(rec, clock, link, "up", "verify", _verify_upload(self.s.rule, session_id, seq, sync, block, bits))
+        rec.synced += len(sync)
+        verdict, dt = self.verify(sync, committed, block, eos)
+        clock.virtual += dt
+        if self.s.observer is not None:
+            self.s.observer(block, self.rows, verdict, committed)
+        _charge(rec, clock, link, "down", "verdict", packets.verdict_packet(session_id, seq, verdict.accepted,
+                                                                              verdict.token, bits))
+        self.synced = len(committed) + verdict.accepted
+        return verdict
 
 
 def _verify_upload(rule: Rule, session_id: int, seq: int, sync: list[int], block: Block, bits: int) -> bytes:
@@ -327,18 +344,28 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
     if settings.in_flight > 0:
         from .pipelined import pipelined
         return pipelined(edge, cloud, features, language, settings, link, session_id, keep_sessions)
+    bits = packets.id_bits(min(edge.vocab_size, cloud.vocab_size))
+    rec = blocking_loop(edge, lambda clock, rec: _Cloud(cloud, features, language, settings, clock, rec),
+                        features, language, settings, link, session_id, bits, keep_sessions)
+    return rec
+
+
+def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str, settings: SpecSettings,
+                  link: Link, session_id: int, bits: int, keep_sessions: bool = False) -> CaptionRecord:
+    """The blocking speculative loop around any cloud half: `make_cloud(clock, record)` returns an
+    object whose `round(link, session_id, seq, committed, block, eos, bits)` verifies one block and
+    returns the verdict, or None when the cloud could not be reached (the block is then committed
+    as drafted: edge-only for that block). In-process: `_Cloud`; over a socket: serving.edge."""
     rec = CaptionRecord("", [], "speculative")
     clock = _Clock()
     wall0 = time.perf_counter()
     eos = edge.eos_token_id
-    bits = packets.id_bits(min(edge.vocab_size, cloud.vocab_size))
     policy, gate, rule = settings.policy, settings.gate, settings.rule
     audio = audio_summary(features)
     with ResourceMonitor() as mon:
         ed = _Edge(edge, features, language, settings, clock, rec)
-        cl = _Cloud(cloud, features, language, settings, clock, rec)
+        cl = make_cloud(clock, rec)
         committed: list[int] = []
-        synced_upto = 0  # committed tokens the cloud's cache holds
         seq = 0
         done = False
         while not done and len(committed) < settings.max_new_tokens:
@@ -349,35 +376,24 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
             while len(block) < budget and ed.draft(block, rule.needs_q) != eos:
                 pass
             rec.drafted += len(block)
-            # 2. gate
-            if not gate.escalate(block):
+            # 2. gate; 3. escalate (only what the cloud has not seen) with 4. one cloud forward
+            verdict = None
+            if gate.escalate(block):
+                seq += 1
+                verdict = cl.round(link, session_id, seq, committed, block, eos, bits)
+            if verdict is None:  # kept local (or the cloud was unreachable): committed as drafted
                 committed.extend(t for t in block.tokens if t != eos)
                 done = bool(block.tokens) and block.tokens[-1] == eos
                 policy.update(len(block), len(block), escalated=False, corrected=False)
                 if not rec.ttft:
                     rec.ttft = clock.virtual  # the first committed token (or the end) is known now
                 continue
-            # 3. escalate: only what the cloud has not seen
-            seq += 1
             rec.rounds += 1
-            sync = committed[synced_upto:]
-            if cl.sess is None:
-                _charge(rec, clock, link, "up", "features", packets.features_packet(session_id, features, language))
-            _charge(rec, clock, link, "up", "verify", _verify_upload(rule, session_id, seq, sync, block, bits))
             rec.transmitted += len(block)
-            rec.synced += len(sync)
-            # 4. one cloud forward
-            verdict, dt = cl.verify(sync, committed, block, eos)
-            clock.virtual += dt
-            if settings.observer is not None:
-                settings.observer(block, cl.rows, verdict, committed)
-            _charge(rec, clock, link, "down", "verdict",
-                    packets.verdict_packet(session_id, seq, verdict.accepted, verdict.token, bits))
             # roll back the edge past the rejected tokens, commit the cloud's token
             accepted = block.tokens[: verdict.accepted]
             committed.extend(t for t in accepted if t != eos)
             ed.truncate(len(committed))
-            synced_upto = len(committed)
             _book_verdict(rec, verdict)
             if verdict.token is None or verdict.token == eos or (accepted and accepted[-1] == eos):
                 done = True
@@ -404,7 +420,7 @@ def _positions(rec: CaptionRecord, accepted: int, checked: int) -> None:
 
 def _q_payload(q: list[torch.Tensor]) -> bytes:
     """spec_sampling's extra uplink: each draft distribution, dense float16 (the cost Q-S attacks)."""
-    return b"".join(x.to(torch.float16).numpy().tobytes() for x in q)
+    return packets.q_payload(q, "float16")
 
 
 def settings_from_params(decode, max_new_tokens: int, seed: int = 0) -> SpecSettings:

@@ -2,11 +2,17 @@
 
 Wire format (version 1), little-endian, each packet = 12-byte header + body:
   header: magic b"SC" | version u8 | kind u8 | session u32 | seq u32
-  FEATURES   body: n_mels u16 | frames u32 | dtype u8 (1 = float16) | language u8 | data
+  FEATURES   body: n_mels u16 | frames u32 | dtype u8 (1 = float16, 2 = float32) | language u8 | data
   VERIFY     body: bits u8 | n_sync u16 | n_draft u16 | bit-packed token ids (sync then draft)
   VERDICT    body: bits u8 | accepted u16 | has_token u8 | bit-packed token id
   PIPELINED  body: bits u8 | epoch u16 | n_sync u16 | n_draft u16 | has_guess u8 |
              bit-packed token ids (sync, draft, then the guess)
+  OPEN       body: rule u8 (1 = rank, 2 = spec_sampling) | rank u16 | temperature f32 | seed u64 |
+             q dtype u8 (1 = float16, 2 = float32) | a whole FEATURES packet
+A VERIFY for a rule that needs the draft distributions (spec_sampling) is followed by n_draft dense
+rows of V probabilities in the session's q dtype (V: the shared vocabulary size).
+An OPEN packet starts a networked session (speccap.serving): the verification settings the cloud
+needs to run the same rule as the in-process loop, then the clip's features.
 A PIPELINED packet is a VERIFY sent while earlier blocks are still being verified: `epoch` counts
 the rejections the edge has heard of (the cloud drops a block whose epoch is behind its own count:
 it was drafted on top of a rejected token) and `guess` is the edge's token after the draft, which
@@ -25,13 +31,16 @@ import numpy as np
 
 MAGIC = b"SC"
 VERSION = 1
-FEATURES, VERIFY, VERDICT, PIPELINED = 1, 2, 3, 4
+FEATURES, VERIFY, VERDICT, PIPELINED, OPEN = 1, 2, 3, 4, 5
 _HEADER = struct.Struct("<2sBBII")
 _FEATURES = struct.Struct("<HIBB")
 _VERIFY = struct.Struct("<BHH")
 _VERDICT = struct.Struct("<BHB")
 _PIPELINED = struct.Struct("<BHHHB")
+_OPEN = struct.Struct("<BHfQB")
 LANGUAGES = ("en", "zh")
+DTYPES = {1: np.float16, 2: np.float32}  # wire code -> numpy dtype
+RULES = {1: "rank", 2: "spec_sampling"}
 
 
 class PacketError(ValueError):
@@ -79,11 +88,21 @@ def parse_header(data: bytes) -> tuple[int, int, int]:
     return kind, session, seq
 
 
-def features_packet(session: int, features: np.ndarray, language: str) -> bytes:
-    mel = np.ascontiguousarray(features, dtype=np.float16)
+def dtype_code(name: str) -> int:
+    for code, dt in DTYPES.items():
+        if np.dtype(dt).name == name:
+            return code
+    raise PacketError(f"wire dtype must be float16 or float32, got {name!r}")
+
+
+def features_packet(session: int, features: np.ndarray, language: str, dtype: str = "float16") -> bytes:
+    code = dtype_code(dtype)
+    mel = np.ascontiguousarray(features, dtype=DTYPES[code])
     if mel.ndim != 2:
         raise PacketError(f"features must be (n_mels, frames), got shape {mel.shape}")
-    return (_header(FEATURES, session, 0) + _FEATURES.pack(mel.shape[0], mel.shape[1], 1, LANGUAGES.index(language))
+    if language not in LANGUAGES:
+        raise PacketError(f"language must be one of {LANGUAGES}, got {language!r}")
+    return (_header(FEATURES, session, 0) + _FEATURES.pack(mel.shape[0], mel.shape[1], code, LANGUAGES.index(language))
             + mel.tobytes())
 
 
@@ -91,13 +110,19 @@ def parse_features(data: bytes) -> tuple[int, np.ndarray, str]:
     kind, session, _ = parse_header(data)
     if kind != FEATURES:
         raise PacketError(f"expected a FEATURES packet, got kind {kind}")
+    if len(data) < _HEADER.size + _FEATURES.size:
+        raise PacketError(f"FEATURES packet of {len(data)} bytes is shorter than its header")
     n_mels, frames, dtype, lang = _FEATURES.unpack_from(data, _HEADER.size)
     body = data[_HEADER.size + _FEATURES.size:]
-    if dtype != 1 or lang >= len(LANGUAGES):
-        raise PacketError("unknown feature dtype or language code")
-    if len(body) != n_mels * frames * 2:
-        raise PacketError(f"features body holds {len(body)} bytes, header says {n_mels * frames * 2}")
-    return session, np.frombuffer(body, dtype=np.float16).reshape(n_mels, frames), LANGUAGES[lang]
+    if dtype not in DTYPES or lang >= len(LANGUAGES):
+        raise PacketError(f"unknown feature dtype code {dtype} or language code {lang}")
+    size = np.dtype(DTYPES[dtype]).itemsize
+    if len(body) != n_mels * frames * size:
+        raise PacketError(f"features body holds {len(body)} bytes, header says {n_mels * frames * size}")
+    mel = np.frombuffer(body, dtype=DTYPES[dtype]).reshape(n_mels, frames)
+    if not np.isfinite(mel).all():
+        raise PacketError("features hold NaN or infinite values")
+    return session, mel, LANGUAGES[lang]
 
 
 def verify_packet(session: int, seq: int, sync: list[int], draft: list[int], bits: int) -> bytes:
@@ -109,9 +134,75 @@ def parse_verify(data: bytes) -> tuple[int, int, list[int], list[int]]:
     kind, session, seq = parse_header(data)
     if kind != VERIFY:
         raise PacketError(f"expected a VERIFY packet, got kind {kind}")
+    if len(data) < _HEADER.size + _VERIFY.size:
+        raise PacketError(f"VERIFY packet of {len(data)} bytes is shorter than its header")
     bits, n_sync, n_draft = _VERIFY.unpack_from(data, _HEADER.size)
+    if not 1 <= bits <= 32:
+        raise PacketError(f"token ids of {bits} bits are not supported")
     ids = unpack_ids(data[_HEADER.size + _VERIFY.size:], n_sync + n_draft, bits)
     return session, seq, ids[:n_sync], ids[n_sync:]
+
+
+def verify_tail(data: bytes) -> bytes:
+    """What follows the token ids of a VERIFY packet (the draft distributions, for spec_sampling)."""
+    bits, n_sync, n_draft = _VERIFY.unpack_from(data, _HEADER.size)
+    return data[_HEADER.size + _VERIFY.size + math.ceil((n_sync + n_draft) * bits / 8):]
+
+
+def q_payload(q, dtype: str = "float16") -> bytes:
+    """The draft distributions as they travel after a VERIFY: one dense row of V per draft token."""
+    dt = DTYPES[dtype_code(dtype)]
+    return b"".join(np.asarray(x.double().numpy() if hasattr(x, "numpy") else x, dtype=dt).tobytes() for x in q)
+
+
+def parse_q(data: bytes, n_draft: int, vocab: int, dtype: str = "float16") -> np.ndarray:
+    """(n_draft, vocab) float64 rows from a q payload; an error unless they are distributions."""
+    dt = np.dtype(DTYPES[dtype_code(dtype)])
+    if len(data) != n_draft * vocab * dt.itemsize:
+        raise PacketError(f"draft distributions: {len(data)} bytes, expected {n_draft} x {vocab} {dt.name} "
+                          f"= {n_draft * vocab * dt.itemsize}")
+    q = np.frombuffer(data, dtype=dt).astype(np.float64).reshape(n_draft, vocab)
+    if not np.isfinite(q).all() or (q < 0).any() or (n_draft and np.abs(q.sum(axis=1) - 1).max() > 1e-2):
+        raise PacketError("draft distributions must be finite, non-negative and sum to 1")
+    return q
+
+
+def open_packet(features: np.ndarray, language: str, rule: str, rank: int = 1, temperature: float = 1.0,
+                seed: int = 0, q_dtype: str = "float16", features_dtype: str = "float16") -> bytes:
+    """Start a networked session: the rule's settings and the clip's features (see the module doc)."""
+    if rule == "greedy":
+        rule, rank = "rank", 1
+    codes = {v: k for k, v in RULES.items()}
+    if rule not in codes:
+        raise PacketError(f"rule {rule!r} cannot be verified over the network (expected greedy, rank or spec_sampling)")
+    body = _OPEN.pack(codes[rule], rank, temperature, seed, dtype_code(q_dtype))
+    return _header(OPEN, 0, 0) + body + features_packet(0, features, language, features_dtype)
+
+
+@dataclass
+class OpenRequest:
+    rule: str
+    rank: int
+    temperature: float
+    seed: int
+    q_dtype: str
+    features: np.ndarray
+    language: str
+
+
+def parse_open(data: bytes) -> OpenRequest:
+    kind, _, _ = parse_header(data)
+    if kind != OPEN:
+        raise PacketError(f"expected an OPEN packet, got kind {kind}")
+    if len(data) < _HEADER.size + _OPEN.size:
+        raise PacketError(f"OPEN packet of {len(data)} bytes is shorter than its header")
+    rule, rank, temperature, seed, q_dtype = _OPEN.unpack_from(data, _HEADER.size)
+    if rule not in RULES or q_dtype not in DTYPES:
+        raise PacketError(f"unknown rule code {rule} or q dtype code {q_dtype}")
+    if rank < 1 or not math.isfinite(temperature) or (RULES[rule] == "spec_sampling" and temperature <= 0):
+        raise PacketError(f"bad rule settings: rank {rank}, temperature {temperature}")
+    _, mel, language = parse_features(data[_HEADER.size + _OPEN.size:])
+    return OpenRequest(RULES[rule], rank, temperature, seed, np.dtype(DTYPES[q_dtype]).name, mel, language)
 
 
 def verdict_packet(session: int, seq: int, accepted: int, token: int | None, bits: int) -> bytes:

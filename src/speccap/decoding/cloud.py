@@ -1,0 +1,68 @@
+"""The cloud's half of speculative decoding for one caption, with no notion of where it runs.
+
+The in-process loops (engine.py, pipelined.py) hold one `CloudSession` per caption next to the
+edge; the verifier server (speccap.serving) holds one per open network session. Both run the
+same code, so a caption verified over a socket is the caption verified in-process.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..models.base import AudioLM
+from .verify import Rule, Verdict
+
+
+def timed(fn, *args):
+    """Run fn(*args); return (output, wall seconds)."""
+    t = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t
+
+
+class CloudSession:
+    """The cloud model's session for one caption, opened on the first verification. With `cache` its
+    KV cache persists across rounds; without, audio and prefix are re-encoded every round (the
+    published implementation's behaviour, kept as the baseline). `rng` (seeded) drives sampling rules."""
+
+    def __init__(self, lm: AudioLM, features: np.ndarray, language: str, rule: Rule, seed: int = 0,
+                 cache: bool = True):
+        self.lm, self.features, self.language, self.rule, self.cache = lm, features, language, rule, cache
+        self.rng = np.random.default_rng(seed)
+        self.sess = None
+        self.last: torch.Tensor | None = None  # distribution after the last token in its cache
+        self.rows: torch.Tensor | None = None  # the last round's rows (for trace collection)
+
+    def prefill(self, measure=timed) -> tuple[float, int]:
+        """Encode the audio and prompt now (the server does it when a session opens, which also
+        checks the features); returns the compute seconds and the positions run."""
+        self.sess, dt = measure(self.lm.start, self.features, self.language)
+        self.last = self.sess.prefill_logits
+        return dt, self.sess.prompt_len
+
+    def verify(self, sync: list[int], prefix: list[int], draft: list[int], q: list[torch.Tensor] | None, eos: int,
+               measure=timed) -> tuple[Verdict, float, int]:
+        """One round: ONE forward over `sync` (committed tokens it has not seen) + the draft, the
+        rule's verdict, and the cache cropped past the rejected tokens. `prefix` is the whole caption
+        before the block (fed instead of `sync` when the cache is not kept). `measure(fn, *args)`
+        returns (output, seconds) for each model call. Returns the verdict, the compute seconds and
+        the token positions the model ran over."""
+        spent, positions = 0.0, 0
+        if self.sess is None or not self.cache:
+            dt, n = self.prefill(measure)
+            spent += dt
+            positions += n
+            if not self.cache:
+                sync = prefix  # a fresh cache needs the whole caption so far again
+        out, dt = measure(self.sess.extend, list(sync) + list(draft))
+        spent += dt
+        positions += len(sync) + len(draft)
+        rows = torch.cat([self.last[None], out.logits])[len(sync):]  # row i scores draft token i
+        self.rows = rows
+        verdict = self.rule.verify(list(draft), rows, q or None, eos, self.rng)
+        self.sess.rollback(len(draft) - verdict.accepted)
+        self.last = rows[verdict.accepted]
+        return verdict, spent, positions

@@ -1,0 +1,183 @@
+"""The edge over a real network: the blocking speculative loop with the cloud half behind a socket.
+
+`caption_remote` runs `engine.blocking_loop` (the same loop as in-process) with `RemoteCloud`,
+which sends the real packets to `speccap serve-cloud` and books, per caption, what it measured
+(round-trip seconds, the server's compute and queue seconds, HTTP bytes) next to what the link
+model predicts for the same packets. When the cloud is unreachable, slow or failing, the block is
+committed as drafted (edge-only for that block) and counted in `network["fallback"]`; after
+`breaker` failures in a row the rest of the caption stays on the edge, so a caption is always
+produced. Only features and token ids (and q rows for spec_sampling) leave the device.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..decoding import packets
+from ..decoding.engine import CaptionRecord, SpecSettings, _account, _Clock, blocking_loop
+from ..decoding.link import Link
+from ..decoding.stats import Block
+from ..decoding.verify import Verdict
+from ..models.base import AudioLM
+from .client import CloudRefused, CloudUnavailable, VerifierClient
+
+
+def new_network_stats() -> dict:
+    return {"requests": 0, "net_rtt": 0.0, "net_time": 0.0, "server_compute": 0.0, "server_queue": 0.0,
+            "http_bytes_up": 0, "http_bytes_down": 0, "link_model_time": 0.0, "fallback": 0, "reopened": 0,
+            "fallback_reasons": []}
+
+
+class RemoteCloud:
+    """The cloud half of `blocking_loop` over HTTP. `emulate`: sleep the link model's seconds for
+    every packet (client-side channel emulation on top of the real socket)."""
+
+    def __init__(self, client: VerifierClient, features: np.ndarray, language: str, s: SpecSettings, clock: _Clock,
+                 rec: CaptionRecord, features_dtype: str = "float16", q_dtype: str = "float16",
+                 emulate: bool = False, breaker: int = 2):
+        self.client, self.features, self.language, self.s = client, features, language, s
+        self.clock, self.rec = clock, rec
+        self.features_dtype, self.q_dtype, self.emulate, self.breaker = features_dtype, q_dtype, emulate, breaker
+        self.sid: int | None = None
+        self.seq = 0  # seq of the last VERIFY on the current session
+        self.synced = 0  # committed caption tokens the server's cache holds
+        self.failures = 0  # in a row
+        self.down = False
+        self.sess = None  # no local model session (keep_sessions)
+        rec.network = new_network_stats()
+
+    # ---- the exchange and its books ----
+    def _send(self, link: Link, kind: str, packet: bytes, call) -> object:
+        net = self.rec.network
+        predicted = _account(self.rec, link, "up", kind, packet)
+        if self.emulate:
+            time.sleep(predicted)
+        result = call()
+        ex = result[1] if isinstance(result, tuple) else result
+        net["requests"] += 1
+        net["net_rtt"] += ex.seconds
+        net["net_time"] += max(ex.seconds - ex.compute - ex.queue, 0.0)
+        net["server_compute"] += ex.compute
+        net["server_queue"] += ex.queue
+        net["http_bytes_up"] += ex.bytes_up
+        net["http_bytes_down"] += ex.bytes_down
+        net["link_model_time"] += predicted
+        self.rec.cloud_compute += ex.compute
+        self.rec.link_time += max(ex.seconds - ex.compute, 0.0) + (predicted if self.emulate else 0.0)
+        self.clock.virtual += ex.seconds + (predicted if self.emulate else 0.0)
+        return result
+
+    def _down(self, link: Link, kind: str, packet: bytes) -> None:
+        predicted = _account(self.rec, link, "down", kind, packet)
+        self.rec.network["link_model_time"] += predicted
+        if self.emulate:
+            time.sleep(predicted)
+            self.clock.virtual += predicted
+            self.rec.link_time += predicted
+
+    def _open(self, link: Link) -> None:
+        packet = packets.open_packet(self.features, self.language, self.s.rule.name, getattr(self.s.rule, "r", 1),
+                                     getattr(self.s.rule, "temperature", 1.0), self.s.seed, self.q_dtype,
+                                     self.features_dtype)
+        self.sid, _ = self._send(link, "features", packet, lambda: self.client.open(packet))
+        self.seq, self.synced = 0, 0
+
+    # ---- the loop's hook ----
+    def round(self, link: Link, session_id: int, seq: int, committed: list[int], block: Block, eos: int,
+              bits: int) -> Verdict | None:
+        if self.down:
+            return self._fallback("cloud marked unreachable for the rest of this caption")
+        reopened = False
+        while True:
+            try:
+                return self._verify(link, committed, block, bits)
+            except CloudRefused as exc:
+                if exc.status == 401:
+                    raise  # a wrong token is the user's to fix, not something to degrade around
+                if exc.status == 404 and not reopened:  # expired, or the server restarted: start over once
+                    self.sid, reopened = None, True
+                    self.rec.network["reopened"] += 1
+                    continue
+                return self._fail(str(exc))
+            except CloudUnavailable as exc:
+                return self._fail(str(exc))
+
+    def _verify(self, link: Link, committed: list[int], block: Block, bits: int) -> Verdict:
+        if self.sid is None:
+            self._open(link)
+        sync = committed[self.synced:]
+        packet = packets.verify_packet(self.sid, self.seq + 1, sync, block.tokens, bits)
+        if self.s.rule.needs_q:
+            packet += packets.q_payload(block.q, self.q_dtype)
+        ex = self._send(link, "verify", packet, lambda: self.client.verify(self.sid, packet))
+        self.seq += 1
+        try:
+            sid, seq, accepted, token = packets.parse_verdict(ex.body)
+        except packets.PacketError as exc:
+            raise CloudUnavailable(f"unreadable verdict: {exc}") from None
+        if sid != self.sid or seq != self.seq or accepted > len(block):
+            raise CloudUnavailable(f"verdict for session {sid} seq {seq} ({accepted} accepted) does not answer "
+                                   f"session {self.sid} seq {self.seq}")
+        self._down(link, "verdict", ex.body)
+        self.rec.synced += len(sync)
+        self.synced = len(committed) + accepted
+        self.failures = 0
+        # the ranks are not sent back; the record only needs how many positions were examined
+        checked = accepted + 1 if accepted < len(block) else len(block)
+        return Verdict(accepted, token, accepted < len(block), [0] * checked)
+
+    def _fail(self, reason: str) -> None:
+        """The block stays on the edge; the session is given up (its cache may hold the block)."""
+        if self.sid is not None:
+            self.client.end(self.sid)
+        self.sid = None
+        self.failures += 1
+        if self.failures >= self.breaker:
+            self.down = True
+        return self._fallback(reason)
+
+    def _fallback(self, reason: str) -> None:
+        net = self.rec.network
+        net["fallback"] += 1
+        if len(net["fallback_reasons"]) < 5:
+            net["fallback_reasons"].append(reason)
+        return None
+
+    def finish(self) -> None:
+        if self.sid is not None:
+            self.client.end(self.sid)
+            self.sid = None
+
+
+def check_compatible(edge: AudioLM, info: dict) -> None:
+    """The edge and the served cloud must share the tokenizer's ids; a clear error when not."""
+    if info.get("wire_version") != packets.VERSION:
+        raise ValueError(f"the server speaks wire format {info.get('wire_version')}, this edge {packets.VERSION}")
+    if info["eos_token_id"] != edge.eos_token_id:
+        raise ValueError(f"the served cloud model's end token is {info['eos_token_id']}, the edge's "
+                         f"{edge.eos_token_id}: they do not share a tokenizer")
+
+
+def caption_remote(edge: AudioLM, client: VerifierClient, info: dict, features: np.ndarray, language: str,
+                   settings: SpecSettings, link: Link, features_dtype: str = "float16", q_dtype: str = "float16",
+                   emulate: bool = False, breaker: int = 2) -> CaptionRecord:
+    """One caption with the cloud behind `client` (`info`: the server's /v1/info). The blocking loop
+    only: pipelined verification (in_flight > 0) is not available over the network yet."""
+    if settings.in_flight:
+        raise ValueError("the networked edge runs the blocking loop only: set in_flight to 0")
+    bits = packets.id_bits(min(edge.vocab_size, info["vocab_size"]))
+    holder: list[RemoteCloud] = []
+
+    def make(clock, rec):
+        holder.append(RemoteCloud(client, features, language, settings, clock, rec, features_dtype, q_dtype,
+                                  emulate, breaker))
+        return holder[0]
+    try:
+        rec = blocking_loop(edge, make, features, language, settings, link, 1, bits)
+    finally:
+        if holder:
+            holder[0].finish()
+    rec.method = "networked"
+    return rec
