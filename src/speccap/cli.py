@@ -7,6 +7,8 @@
   speccap score        score a JSONL of captions against a manifest (BLEU-1/4, METEOR, ROUGE-L)
   speccap show         print a few clips of a manifest with their cue values and references
   speccap resolve      write resolved/<stage>.json: the params each DVC stage uses, profile applied
+  speccap serve-cloud  run the cloud model as a verifier server (HTTP, bearer token, optional TLS)
+  speccap edge         caption audio files on the edge, verifying blocks against a `serve-cloud` server
 
 Every command reads its knobs from params.yaml (`--params` or $SPECCAP_PARAMS).
 """
@@ -48,8 +50,6 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_caption(args) -> int:
-    import dataclasses
-
     import torch
 
     from .data.audio_io import read_audio
@@ -59,14 +59,7 @@ def _cmd_caption(args) -> int:
     from .models.base import shared_vocab
     from .models.loading import load_role
     params = load_params(args.params)
-    champion = args.gate == "champion"
-    if champion:
-        args.gate = None
-    overrides = {k: v for k, v in (("gate", args.gate), ("threshold", args.threshold), ("block_len", args.block_len),
-                                   ("rank", args.rank), ("rule", args.rule), ("temperature", args.temperature),
-                                   ("in_flight", args.in_flight))
-                 if v is not None}
-    decode = dataclasses.replace(params.decode, **overrides)
+    decode, champion = _decode_overrides(params, args)
     torch.set_num_threads(args.threads)
     edge = load_role(params, "edge") if args.mode in ("edge", "ugsd") else None
     cloud = load_role(params, "cloud") if args.mode in ("cloud", "ugsd") else None
@@ -87,17 +80,104 @@ def _cmd_caption(args) -> int:
             if champion:
                 settings.gate = _champion_gate(params, args.threshold)
             rec = speculative(edge, cloud, mel, args.language, settings, link)
-        if args.json:
-            metrics = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in rec.metrics().items()}
-            print(json.dumps({"file": str(path), "caption": rec.caption, "mode": args.mode, "language": args.language,
-                              "notes": clip.notes, **metrics}, ensure_ascii=False))
-        else:
-            m = rec.metrics()
-            extra = f"  [rho {m['rho']:.2f}, {m['rounds']} rounds]" if args.mode == "ugsd" else ""
-            if m.get("in_flight"):
-                extra += f" [pipelined: {m['wasted']} drafted tokens thrown away, waited {m['wait_time']:.3f} s]"
-            print(f"{path}: {rec.caption}\n  ({m['tokens']} tokens, {m['total_time']:.3f} s modelled){extra}")
+        _print_caption(args, path, rec, args.mode, clip.notes)
     return 0
+
+
+def _decode_overrides(params, args):
+    """params.decode with the command line's decoding options on top; and whether the gate is the
+    registry's champion (resolved by the caller)."""
+    import dataclasses
+    champion = args.gate == "champion"
+    overrides = {k: v for k, v in (("gate", None if champion else args.gate), ("threshold", args.threshold),
+                                   ("block_len", args.block_len), ("rank", args.rank), ("rule", args.rule),
+                                   ("temperature", args.temperature), ("in_flight", getattr(args, "in_flight", None)))
+                 if v is not None}
+    return dataclasses.replace(params.decode, **overrides), champion
+
+
+def _print_caption(args, path, rec, mode: str, notes) -> None:
+    if args.json:
+        metrics = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in rec.metrics().items()}
+        print(json.dumps({"file": str(path), "caption": rec.caption, "mode": mode, "language": args.language,
+                          "notes": notes, **metrics}, ensure_ascii=False), flush=True)
+        return
+    m = rec.metrics()
+    extra = f"  [rho {m['rho']:.2f}, {m['rounds']} rounds]" if mode in ("ugsd", "networked") else ""
+    if m.get("in_flight"):
+        extra += f" [pipelined: {m['wasted']} drafted tokens thrown away, waited {m['wait_time']:.3f} s]"
+    if mode == "networked":
+        extra += (f" [network {m['net_rtt']:.3f} s measured vs {m['link_model_time']:.3f} s link model, "
+                  f"{m['http_bytes_up']} B up]")
+        if m["fallback"]:
+            extra += f" [CLOUD UNREACHABLE: {m['fallback']} block(s) kept on the edge: {m['fallback_reasons'][0]}]"
+    clock = "measured" if mode == "networked" else "modelled"
+    print(f"{path}: {rec.caption}\n  ({m['tokens']} tokens, {m['total_time']:.3f} s {clock}){extra}", flush=True)
+
+
+def _cmd_serve_cloud(args) -> int:
+    import logging
+
+    import torch
+
+    from .models.loading import load_role
+    from .serving.server import load_tokens, serve
+    from .serving.sessions import Limits
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    tokens = load_tokens(args.token_file)
+    limits = Limits(max_payload_bytes=args.max_payload_bytes, max_block=args.max_block,
+                    max_sessions_per_client=args.max_sessions_per_client, idle_seconds=args.idle_seconds)
+    torch.set_num_threads(args.threads)
+    cloud = load_role(load_params(args.params), "cloud")
+    serve(cloud, tokens, limits, args.host, args.port, args.certfile, args.keyfile, args.compute_slots)
+    return 0
+
+
+def _cmd_edge(args) -> int:
+    import torch
+
+    from .data.audio_io import read_audio
+    from .data.features import clip_log_mel
+    from .decoding.engine import settings_from_params
+    from .decoding.link import Link
+    from .models.loading import load_role
+    from .serving.client import VerifierClient
+    from .serving.edge import caption_remote, check_compatible
+    from .serving.server import client_token
+    params = load_params(args.params)
+    decode, champion = _decode_overrides(params, args)
+    torch.set_num_threads(args.threads)
+    edge = load_role(params, "edge")
+    with VerifierClient(args.server, client_token(args.token_file), args.timeout, args.retries,
+                        cafile=args.cafile) as client:
+        info = client.info()  # fails here, clearly, on a wrong URL, token or certificate
+        check_compatible(edge, info)
+        for path in args.files:
+            clip = read_audio(path, max_seconds=params.data.max_clip_seconds)
+            mel = clip_log_mel(clip.samples, params.features)
+            settings = settings_from_params(decode, params.models.max_new_tokens, args.seed)
+            if champion:
+                settings.gate = _champion_gate(params, args.threshold)
+            rec = caption_remote(edge, client, info, mel, args.language, settings, Link(params.link, seed=args.seed),
+                                 args.wire_dtype, args.wire_dtype, emulate=args.emulate_link)
+            _print_caption(args, path, rec, "networked", clip.notes)
+    return 0
+
+
+def _add_decoding_options(s) -> None:
+    s.add_argument("files", nargs="+", type=Path, help="audio files (WAV, FLAC, ...)")
+    s.add_argument("--language", choices=("en", "zh"), default="en", help="caption language (default en)")
+    s.add_argument("--gate", choices=("never", "always", "entropy", "margin", "logprob", "champion"),
+                   help="which blocks go to the cloud (default: decode.gate; champion = the learned gate promoted "
+                        "in the MLflow registry, at its own threshold unless --threshold)")
+    s.add_argument("--threshold", type=float, help="gate threshold (entropy gamma, margin delta, log-prob)")
+    s.add_argument("--block-len", type=int, help="draft length L; 0 = UGSD adaptive (default: decode.block_len)")
+    s.add_argument("--rule", choices=("greedy", "rank", "spec_sampling"), help="verification rule")
+    s.add_argument("--rank", type=int, help="R of the rank rule")
+    s.add_argument("--temperature", type=float, help="0 = greedy; > 0 = sampling (default: decode.temperature)")
+    s.add_argument("--seed", type=int, default=0, help="sampling and link seed")
+    s.add_argument("--threads", type=int, default=2, help="CPU threads (the papers' edge has 2)")
+    s.add_argument("--json", action="store_true", help="one JSON object per file with the caption and timings")
 
 
 def _champion_gate(params, threshold: float | None):
@@ -162,24 +242,49 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_train)
     s = sub.add_parser("caption", help="caption audio files (any rate, mono or stereo) with one model")
-    s.add_argument("files", nargs="+", type=Path, help="audio files (WAV, FLAC, ...)")
+    _add_decoding_options(s)
     s.add_argument("--mode", choices=("edge", "cloud", "ugsd"), default="edge",
-                   help="edge-only, cloud-only, or speculative (edge drafts, gated cloud verification)")
-    s.add_argument("--language", choices=("en", "zh"), default="en", help="caption language (default en)")
-    s.add_argument("--gate", choices=("never", "always", "entropy", "margin", "logprob", "champion"),
-                   help="ugsd: which blocks go to the cloud (default: decode.gate; champion = the learned gate "
-                   "promoted in the MLflow registry, at its own threshold unless --threshold)")
-    s.add_argument("--threshold", type=float, help="gate threshold (entropy gamma, margin delta, log-prob)")
-    s.add_argument("--block-len", type=int, help="draft length L; 0 = UGSD adaptive (default: decode.block_len)")
-    s.add_argument("--rule", choices=("greedy", "rank", "spec_sampling"), help="verification rule")
-    s.add_argument("--rank", type=int, help="R of the rank rule")
-    s.add_argument("--temperature", type=float, help="0 = greedy; > 0 = sampling (default: decode.temperature)")
+                   help="edge-only, cloud-only, or gated speculative decoding (default edge)")
     s.add_argument("--in-flight", type=int, help="pipelined verification: blocks in flight while the edge drafts "
-                   "ahead; 0 = the blocking loop (default: decode.in_flight)")
-    s.add_argument("--seed", type=int, default=0, help="sampling and link seed")
-    s.add_argument("--threads", type=int, default=2, help="CPU threads (the papers' edge has 2)")
-    s.add_argument("--json", action="store_true", help="one JSON object per file with the caption and timings")
+                                                 "ahead (0 = blocking loop; default: decode.in_flight)")
     s.set_defaults(func=_cmd_caption)
+
+    s = sub.add_parser("serve-cloud", help="serve the cloud model as a verifier (see docs/serving.md)",
+                       description="Load the cloud model (models.cloud params) and verify drafted blocks for edge "
+                                   "clients over HTTP(S). Every request needs a bearer token: $SPECCAP_TOKEN, or "
+                                   "--token-file with one token per line (or client:token, for per-client limits).")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; use TLS beyond it)")
+    s.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    s.add_argument("--token-file", type=Path, help="bearer tokens, one per line (default: $SPECCAP_TOKEN)")
+    s.add_argument("--certfile", help="TLS certificate (PEM); with --keyfile the server speaks HTTPS")
+    s.add_argument("--keyfile", help="TLS private key (PEM)")
+    s.add_argument("--max-block", type=int, default=32, help="longest draft block accepted (default 32)")
+    s.add_argument("--max-payload-bytes", type=int, default=4 << 20, help="largest request body (default 4 MiB)")
+    s.add_argument("--max-sessions-per-client", type=int, default=64, help="open sessions per client (default 64)")
+    s.add_argument("--idle-seconds", type=float, default=120.0,
+                   help="a session unused this long is closed and its KV cache freed (default 120)")
+    s.add_argument("--compute-slots", type=int, default=1, help="model calls run at once (default 1)")
+    s.add_argument("--threads", type=int, default=4, help="CPU threads for the model (default 4)")
+    s.set_defaults(func=_cmd_serve_cloud)
+
+    s = sub.add_parser("edge", help="caption audio files on the edge against a verifier server",
+                       description="The edge half over the network: drafts with the edge model (models.edge), "
+                                   "escalates gated blocks to `speccap serve-cloud` at --server. Only features and "
+                                   "token ids leave the machine. When the server is unreachable the blocks stay on "
+                                   "the edge (flagged in the output), so every file gets a caption.")
+    _add_decoding_options(s)
+    s.add_argument("--server", required=True, help="verifier URL, e.g. http://127.0.0.1:8765")
+    s.add_argument("--token-file", type=Path, help="file whose first line is the bearer token (default: $SPECCAP_TOKEN)")
+    s.add_argument("--cafile", help="CA bundle or self-signed certificate to trust for an https:// server")
+    s.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for one answer (default 10)")
+    s.add_argument("--retries", type=int, default=2, help="retries when the server cannot be reached (default 2)")
+    s.add_argument("--wire-dtype", choices=("float16", "float32"), default="float16",
+                   help="precision of the features (and spec_sampling's q rows) on the wire; float32 gives "
+                        "captions identical to the in-process loop (default float16, half the bytes)")
+    s.add_argument("--emulate-link", action="store_true",
+                   help="also wait the link model's time (params link:) for every packet, on top of the real socket")
+    s.set_defaults(func=_cmd_edge)
+
     s = sub.add_parser("score", help="score captions (JSONL with id, caption) against a manifest")
     s.add_argument("manifest", type=Path, help="manifest JSONL, e.g. data/processed/manifests/test.en.jsonl")
     s.add_argument("captions", type=Path, help="JSONL with one {\"id\": ..., \"caption\": ...} per line")
@@ -199,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, ValueError, LookupError) as exc:  # AudioError, ModelLoadError too
+    # AudioError, ModelLoadError; ConnectionError: the verifier could not be reached or refused (speccap edge)
+    except (ConfigError, FileNotFoundError, ValueError, LookupError, ConnectionError) as exc:
         print(f"speccap {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -42,6 +42,44 @@ def test_malformed_packets():
         packets.parse_verdict(packets.verify_packet(1, 1, [], [1], 10))
 
 
+def test_open_packet_roundtrip_and_float32_features():
+    mel = np.random.default_rng(0).standard_normal((128, 50)).astype(np.float32)
+    for dtype, size in (("float16", 2), ("float32", 4)):
+        data = packets.open_packet(mel, "zh", "rank", 7, 1.0, 2**40 + 3, "float32", dtype)
+        assert len(data) == 12 + 16 + 12 + 8 + 128 * 50 * size  # header, OPEN body, FEATURES header+body
+        req = packets.parse_open(data)
+        assert (req.rule, req.rank, req.seed, req.q_dtype, req.language) == ("rank", 7, 2**40 + 3, "float32", "zh")
+        exact = mel if dtype == "float32" else mel.astype(np.float16)
+        assert np.array_equal(req.features, exact)
+    assert packets.parse_open(packets.open_packet(mel, "en", "greedy")).rank == 1  # greedy is rank 1
+    with pytest.raises(packets.PacketError, match="cannot be verified"):
+        packets.open_packet(mel, "en", "wisv")
+    bad = bytearray(packets.open_packet(mel, "en", "greedy"))
+    bad[12] = 9  # unknown rule code
+    with pytest.raises(packets.PacketError, match="rule code"):
+        packets.parse_open(bytes(bad))
+    nan = mel.copy()
+    nan[0, 0] = np.nan
+    with pytest.raises(packets.PacketError, match="NaN"):
+        packets.parse_open(packets.open_packet(nan, "en", "greedy", features_dtype="float32"))
+
+
+def test_q_rows_travel_after_verify_and_are_checked():
+    import torch
+    q = [torch.softmax(torch.randn(40, dtype=torch.float64), 0).float() for _ in range(3)]
+    data = packets.verify_packet(1, 1, [5], [1, 2, 3], 6) + packets.q_payload(q, "float32")
+    assert packets.parse_verify(data)[3] == [1, 2, 3]
+    tail = packets.verify_tail(data)
+    assert len(tail) == 3 * 40 * 4
+    rows = packets.parse_q(tail, 3, 40, "float32")
+    assert np.array_equal(rows, np.stack([x.numpy() for x in q]).astype(np.float64))
+    with pytest.raises(packets.PacketError, match="expected 3 x 41"):
+        packets.parse_q(tail, 3, 41, "float32")
+    with pytest.raises(packets.PacketError, match="sum to 1"):
+        packets.parse_q(np.full((3, 40), 0.5, np.float32).tobytes(), 3, 40, "float32")
+
+
+
 def test_link_time_formula_and_retransmissions():
     link = Link(LinkConfig(uplink_mbps=1.0, downlink_mbps=2.0, rtt_ms=40.0, overhead_bytes=40))
     assert link.send(bytes(960), "up") == pytest.approx(0.02 + 8 * 1000 / 1e6)

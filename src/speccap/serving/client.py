@@ -9,6 +9,7 @@ edge falls back for the block (engine: the cloud half returns None) and opens a 
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ class CloudUnavailable(ConnectionError):
     """The verifier could not be reached or failed (timeout, refused connection, 5xx)."""
 
 
-class CloudRefused(RuntimeError):
+class CloudRefused(ConnectionError):
     """The verifier refused the request (4xx): `status` and the server's message."""
 
     def __init__(self, status: int, message: str):
@@ -63,7 +64,7 @@ class VerifierClient:
         self.url, self.retries, self.backoff = url.rstrip("/"), retries, backoff
         # TCP_NODELAY: a request goes out as headers then body; with Nagle's algorithm the body waits
         # for the server's delayed ACK (40 ms per request on Linux loopback)
-        transport = httpx.HTTPTransport(verify=cafile if cafile else True,
+        transport = httpx.HTTPTransport(verify=ssl.create_default_context(cafile=cafile) if cafile else True,
                                         socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"},
                                  timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)), transport=transport)
@@ -87,7 +88,7 @@ class VerifierClient:
                 r = self.http.request(method, path, content=content,
                                       headers={"Content-Type": "application/octet-stream"} if content else None)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                last = f"cannot connect to {self.url}: {type(exc).__name__}"
+                last = f"cannot connect to {self.url}: {type(exc).__name__} {exc}".strip()
                 continue  # never reached the server: safe to send again
             except httpx.TimeoutException as exc:
                 raise CloudUnavailable(f"{method} {path}: no answer from {self.url} in time ({type(exc).__name__})") \

@@ -34,6 +34,7 @@ import anyio
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from ..decoding import packets
 from ..decoding.cloud import CloudSession
@@ -99,10 +100,13 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if int(declared) > limit:
             raise ServingError(413, f"payload of {declared} bytes is over the limit of {limit}")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ServingError(413, f"payload is over the limit of {limit} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ServingError(413, f"payload is over the limit of {limit} bytes")
+    except ClientDisconnect:
+        raise ServingError(400, "the client went away mid-request") from None
     return bytes(body)
 
 

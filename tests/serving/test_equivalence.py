@@ -1,0 +1,67 @@
+"""The networked loop gives the in-process loop's captions, over a real socket on loopback."""
+
+import copy
+
+import pytest
+
+from speccap.decoding.engine import edge_only, speculative
+from speccap.serving.edge import caption_remote, check_compatible
+
+from .conftest import Fixed, UGSDAdaptive, link, settings
+
+CASES = [
+    dict(gate="always", rule="greedy", policy=Fixed(3)),
+    dict(gate="always", rule="rank", rank=3, policy=UGSDAdaptive(2, 4, 8)),
+    dict(gate="entropy", threshold=4.2, rule="greedy", policy=Fixed(2)),
+    dict(gate="always", rule="spec_sampling", temperature=1.0, policy=Fixed(4), seed=5),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['gate']}-{c['rule']}")
+def test_networked_captions_equal_in_process(pair, clips, serve, client_for, case):
+    edge, cloud = pair
+    client = client_for(serve())
+    info = client.info()
+    check_compatible(edge, info)
+    verified = 0
+    for _, mel in clips:
+        # a fresh copy each time: the adaptive length policy learns within a caption
+        ref = speculative(edge, cloud, mel, "en", settings(**copy.deepcopy(case)), link())
+        got = caption_remote(edge, client, info, mel, "en", settings(**copy.deepcopy(case)), link(), "float32",
+                             "float32")
+        assert got.token_ids == ref.token_ids
+        assert (got.rounds, got.accepted, got.corrected, got.bonus, got.transmitted, got.synced) == \
+            (ref.rounds, ref.accepted, ref.corrected, ref.bonus, ref.transmitted, ref.synced)
+        # the same VERIFY and VERDICT packets; features go up once, here in float32 inside an OPEN packet
+        # (spec_sampling's q rows travel in float32 here, 2 more bytes per probability than in-process)
+        q_extra = 2 * cloud.vocab_size * got.transmitted if case["rule"] == "spec_sampling" else 0
+        assert [p[:2] for p in _packets(got)] == [p[:2] for p in _packets(ref)]
+        assert sum(p[2] for p in _packets(got)) == sum(p[2] for p in _packets(ref)) + q_extra
+        opened = [p["bytes"] for p in got.packets if p["kind"] == "features"]
+        assert opened == [12 + 16 + 12 + 8 + mel.size * 4]
+        net = got.network
+        assert net["fallback"] == 0 and net["requests"] == got.rounds + 1  # one OPEN, one VERIFY per round
+        # the link model's prediction for exactly these packets sits next to what was measured
+        assert net["link_model_time"] == pytest.approx(sum(p["seconds"] for p in got.packets))
+        assert net["http_bytes_up"] > got.bytes_up and net["net_rtt"] > 0 and net["server_compute"] > 0
+        verified += got.rounds
+    assert verified > 0
+    assert client.health()["sessions"] == 0  # every caption closed its session
+
+
+def _packets(rec):
+    return [(p["dir"], p["kind"], p["bytes"]) for p in rec.packets if p["kind"] != "features"]
+
+
+def test_gate_that_keeps_everything_local_opens_no_session(pair, clips, serve, client_for):
+    edge, _ = pair
+    client = client_for(serve())
+    rec = caption_remote(edge, client, client.info(), clips[0][1], "en", settings(gate="never"), link())
+    assert rec.token_ids == edge_only(edge, clips[0][1], "en", rec.n_tokens + 1).token_ids[: rec.n_tokens]
+    assert rec.network["requests"] == 0 and client.health()["opened_total"] == 0
+
+
+def test_pipelined_settings_are_refused_clearly(pair, clips, serve, client_for):
+    client = client_for(serve())
+    with pytest.raises(ValueError, match="blocking loop only"):
+        caption_remote(pair[0], client, client.info(), clips[0][1], "en", settings(in_flight=2), link())
