@@ -11,11 +11,10 @@ import pytest
 
 from speccap.decoding.engine import edge_only, speculative
 from speccap.decoding.gates import Gate
-from speccap.serving.client import CloudUnavailable
 from speccap.serving.edge import caption_remote
 from speccap.serving.sessions import Limits
 
-from .conftest import MAX, TOKEN, link, settings
+from .conftest import MAX, TOKEN, free_port, link, settings, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = f"""
@@ -27,21 +26,12 @@ serve(tiny_lm("qwen2_5_omni", seed=2), {{{TOKEN!r}: "edge"}}, Limits(), port=int
 """
 
 
-def _start_server(port: int, client_for) -> subprocess.Popen:
+def _start_server(port: int) -> subprocess.Popen:
     """The verifier in its own process (so it can really be killed), on a fixed loopback port."""
     proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=os.environ | {"PYTHONPATH": str(ROOT)})
-    probe = client_for(f"http://127.0.0.1:{port}", retries=0, timeout=2)
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            probe.health()
-            return proc
-        except CloudUnavailable:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("verifier subprocess did not come up")
-            time.sleep(0.2)
+    wait_until_up(proc, f"http://127.0.0.1:{port}")
+    return proc
 
 
 class KillAt(Gate):
@@ -60,19 +50,10 @@ class KillAt(Gate):
         return True
 
 
-def _free_port() -> int:
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_killed_server_mid_caption_then_restarted(pair, clips, client_for):
     edge, cloud = pair
-    port = _free_port()
-    proc = _start_server(port, client_for)
+    port = free_port()
+    proc = _start_server(port)
     client = client_for(f"http://127.0.0.1:{port}", retries=1, backoff=0.05, timeout=5)
     info = client.info()
     try:
@@ -90,7 +71,7 @@ def test_killed_server_mid_caption_then_restarted(pair, clips, client_for):
         assert rec2.rounds == 0 and rec2.network["fallback"] >= 1
         assert rec2.token_ids == edge_only(edge, clips[2][1], "en", MAX).token_ids
         # restarted: new captions verify again, exactly as in-process
-        proc = _start_server(port, client_for)
+        proc = _start_server(port)
         rec3 = caption_remote(edge, client, info, clips[2][1], "en", settings(), link())
         assert rec3.network["fallback"] == 0
         assert rec3.token_ids == speculative(edge, cloud, clips[2][1], "en", settings(), link()).token_ids

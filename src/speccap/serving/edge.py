@@ -27,7 +27,7 @@ from .client import CloudRefused, CloudUnavailable, VerifierClient
 def new_network_stats() -> dict:
     return {"requests": 0, "net_rtt": 0.0, "net_time": 0.0, "server_compute": 0.0, "server_queue": 0.0,
             "http_bytes_up": 0, "http_bytes_down": 0, "link_model_time": 0.0, "fallback": 0, "reopened": 0,
-            "fallback_reasons": []}
+            "fallback_reasons": [], "verify_rtts": []}
 
 
 class RemoteCloud:
@@ -112,6 +112,7 @@ class RemoteCloud:
         if self.s.rule.needs_q:
             packet += packets.q_payload(block.q, self.q_dtype)
         ex = self._send(link, "verify", packet, lambda: self.client.verify(self.sid, packet))
+        self.rec.network["verify_rtts"].append(ex.seconds)
         self.seq += 1
         try:
             sid, seq, accepted, token = packets.parse_verdict(ex.body)

@@ -1,0 +1,57 @@
+"""The README's two commands: `speccap serve-cloud` in one process, `speccap edge` in another."""
+
+import json
+import subprocess
+
+from speccap.cli import main
+from speccap.data.manifest import manifest_path, read_manifest
+
+from .conftest import TOKEN, free_port, wait_until_up
+
+
+def test_serve_cloud_and_edge_commands(tiny_project, capsys, tmp_path, monkeypatch):
+    params, _, params_file = tiny_project
+    wav = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]["path"]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    proc = subprocess.Popen(["speccap", "--params", str(params_file), "serve-cloud", "--port", str(port),
+                             "--token-file", str(token_file), "--threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until_up(proc, url)
+        opts = ["caption", wav, "--gate", "always", "--block-len", "3", "--rule", "greedy", "--json"]
+        assert main(["--params", str(params_file), "edge", "--server", url, "--token-file", str(token_file),
+                     "--wire-dtype", "float32", *opts[1:]]) == 0
+        net = json.loads(capsys.readouterr().out)
+        assert main(["--params", str(params_file), *opts, "--mode", "ugsd"]) == 0
+        local = json.loads(capsys.readouterr().out)
+        assert net["mode"] == "networked" and net["caption"] == local["caption"]
+        assert net["rounds"] == local["rounds"] >= 1 and net["fallback"] == 0
+        assert net["net_rtt"] > 0 and net["link_model_time"] > 0 and net["http_bytes_up"] > net["bytes_up"]
+        # plain output says what was measured; a wrong token is a clear error, not a traceback
+        monkeypatch.setenv("SPECCAP_TOKEN", "not-the-right-token-at-all")
+        assert main(["--params", str(params_file), "edge", "--server", url, wav]) == 2
+        assert "401" in capsys.readouterr().err
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert TOKEN not in out  # never logged
+    assert "verifier for cloud:embedded" in out
+
+
+def test_serve_cloud_refuses_to_run_without_a_token(tiny_project, capsys, monkeypatch):
+    _, _, params_file = tiny_project
+    monkeypatch.delenv("SPECCAP_TOKEN", raising=False)
+    assert main(["--params", str(params_file), "serve-cloud"]) == 2
+    assert "no bearer token" in capsys.readouterr().err
+
+
+def test_edge_reports_an_unreachable_server(tiny_project, capsys, monkeypatch):
+    params, _, params_file = tiny_project
+    wav = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]["path"]
+    monkeypatch.setenv("SPECCAP_TOKEN", TOKEN)
+    assert main(["--params", str(params_file), "edge", "--server", f"http://127.0.0.1:{free_port()}",
+                 "--retries", "0", wav]) == 2
+    assert "cannot connect" in capsys.readouterr().err
