@@ -65,3 +65,18 @@ def test_pipelined_settings_are_refused_clearly(pair, clips, serve, client_for):
     client = client_for(serve())
     with pytest.raises(ValueError, match="blocking loop only"):
         caption_remote(pair[0], client, client.info(), clips[0][1], "en", settings(in_flight=2), link())
+
+
+def test_client_side_link_emulation_waits_the_link_models_time(pair, clips, serve, client_for):
+    edge, cloud = pair
+    client = client_for(serve())
+    info = client.info()
+    mel = clips[0][1]
+    plain = caption_remote(edge, client, info, mel, "en", settings(), link(rtt_ms=40.0))
+    slowed = caption_remote(edge, client, info, mel, "en", settings(), link(rtt_ms=40.0), emulate=True)
+    assert slowed.token_ids == plain.token_ids and slowed.rounds == plain.rounds > 0
+    predicted = slowed.network["link_model_time"]
+    assert predicted >= 0.04 * slowed.rounds  # one RTT per round at least
+    # the emulated delays were really waited, on top of the socket's own time
+    assert slowed.wall_time >= plain.wall_time + 0.9 * predicted
+    assert slowed.total_time == pytest.approx(slowed.edge_compute + slowed.network["net_rtt"] + predicted, rel=0.05)
