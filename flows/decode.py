@@ -13,14 +13,16 @@ from pathlib import Path
 from prefect import flow
 
 from flows.sweep_runner import run_sweep
-from speccap.config import load_params
+from speccap.config import load_params, materialize
 from speccap.pipeline.sweep import build_configs, eval_clips
 
 SUMMARY = Path("reports/decode_summary.json")
 
 
 @flow(name="speccap-decode")
-def decode_flow(params_path: str | None = None) -> dict:
+def decode_flow(params_path: str | None = None, overrides: dict | None = None) -> dict:
+    """`overrides`: dotted params keys on top of the file (a deployment's parameters)."""
+    params_path = materialize(params_path, overrides)
     params = load_params(params_path)
     configs = build_configs(params)
     clips = {lang: eval_clips(params, lang) for lang in params.data.languages}

@@ -9,14 +9,16 @@ from pathlib import Path
 from prefect import flow
 
 from flows.sweep_runner import run_sweep
-from speccap.config import load_params
+from speccap.config import load_params, materialize
 from speccap.pipeline.gate_report import OUT, build_gate_report, gate_configs
 from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.sweep import eval_clips
 
 
 @flow(name="speccap-gate-eval")
-def gate_eval_flow(params_path: str | None = None) -> dict:
+def gate_eval_flow(params_path: str | None = None, overrides: dict | None = None) -> dict:
+    """`overrides`: dotted params keys on top of the file (a deployment's parameters)."""
+    params_path = materialize(params_path, overrides)
     params = load_params(params_path)
     gates_json = read_gates_json(params)
     configs, tags = gate_configs(params, gates_json)

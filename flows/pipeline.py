@@ -3,6 +3,8 @@ prepare -> featurize -> train -> decode -> report. `python -m flows.pipeline`.""
 
 from prefect import flow
 
+from speccap.config import materialize
+
 from flows.decode import decode_flow
 from flows.featurize import featurize_flow
 from flows.prepare import prepare_flow
@@ -11,7 +13,9 @@ from flows.train import train_flow
 
 
 @flow(name="speccap-pipeline")
-def pipeline_flow(params_path: str | None = None) -> dict:
+def pipeline_flow(params_path: str | None = None, overrides: dict | None = None) -> dict:
+    """`overrides`: dotted params keys on top of the file (a deployment's parameters)."""
+    params_path = materialize(params_path, overrides)
     out = {"prepare": prepare_flow(params_path), "featurize": featurize_flow(params_path)}
     out["train"] = train_flow(params_path)
     out["decode"] = decode_flow(params_path)

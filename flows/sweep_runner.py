@@ -40,7 +40,13 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
     sweep_params = {"data.source": params.data.source, "decode": params.decode.__dict__,
                     "link": params.link.__dict__, "sweep": params.sweep.__dict__, "models_fingerprint": fp,
                     "edge": params.models.edge.backend, "cloud": params.models.cloud.backend}
-    _POOL["pool"] = Pool(params_path, params.sweep.workers, params.sweep.threads)
+    on_dask = None
+    if params.cluster.executor == "dask":  # every configuration at once on the cluster; logged below
+        from flows.cluster import run_on_dask
+        on_dask = run_on_dask(params, params_path, [(c, keys[c], clips[c.language]) for c in configs], runs_dir)
+        _POOL["pool"] = None
+    else:
+        _POOL["pool"] = Pool(params_path, params.sweep.workers, params.sweep.threads)
     try:
         with tracker.sweep(f"{stage}-sweep-{sweep_key}", sweep_params, {"sweep_key": sweep_key, "stage": stage}) as parent:
             summary["parent_run_id"] = parent
@@ -53,7 +59,13 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
                     "link": params.link.name, "rtt_ms": params.link.rtt_ms, "uplink_mbps": params.link.uplink_mbps,
                     "clips": len(clips[cfg.language]), "max_new_tokens": params.models.max_new_tokens}
                 try:
-                    metrics = sweep_config(cfg, key, clips[cfg.language], runs_dir)
+                    if on_dask is None:
+                        metrics = sweep_config(cfg, key, clips[cfg.language], runs_dir)
+                    elif isinstance(on_dask[key], dict):
+                        metrics = on_dask[key]["metrics"]
+                        row["worker"] = on_dask[key]["worker"]
+                    else:
+                        raise RuntimeError(on_dask[key])
                 except Exception as exc:  # noqa: BLE001 - recorded as a FAILED run; the sweep goes on
                     log.error(f"{cfg.name} failed: {exc}")
                     if key not in done:
@@ -68,7 +80,9 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
                     metrics["position_acceptance"] = positions
                 summary["configs"].append(row | {"status": "FINISHED", "metrics": metrics})
     finally:
-        _POOL.pop("pool").close()
+        pool = _POOL.pop("pool")
+        if pool is not None:
+            pool.close()
     failed = [c["name"] for c in summary["configs"] if c["status"] == "FAILED"]
     log.info(f"{len(configs) - len(failed)} configurations finished, {len(failed)} failed {failed}")
     return summary

@@ -73,3 +73,18 @@ def test_resolved_files_are_rewritten_only_when_they_change(tmp_path):
     write_resolved(params_from_dict({"link": {"rtt_ms": 5.0}}), tmp_path)
     changed = {f.name for f in tmp_path.glob("*.json") if f.stat().st_mtime_ns != stamps[f.name]}
     assert changed == {"decode.json", "report.json", "gate_eval.json", "promote.json"}
+
+
+def test_overrides_apply_after_the_profile_and_materialize_to_an_equal_file(tmp_path):
+    import dataclasses
+
+    from speccap.config import ConfigError, load_params, materialize
+    p = load_params("params.yaml", {"profile": "ci", "decode.block_len": 7, "cluster.executor": "dask"})
+    assert p.decode.block_len == 7 and p.sweep.clips == 20 and p.cluster.executor == "dask"  # ci's clips kept
+    path = materialize("params.yaml", {"profile": "ci", "decode.block_len": 7, "cluster.executor": "dask"}, tmp_path)
+    assert dataclasses.replace(p, profile="default") == load_params(path)
+    assert materialize("params.yaml", None) == "params.yaml"
+    with pytest.raises(ConfigError, match="decode.blok_len"):
+        load_params("params.yaml", {"decode.blok_len": 7})
+    with pytest.raises(ConfigError, match="cluster.executor"):
+        load_params("params.yaml", {"cluster.executor": "mpi"})

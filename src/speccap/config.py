@@ -197,6 +197,41 @@ class TrackingParams:
     # copy); any MLflow URI works (http://host:5000); $MLFLOW_TRACKING_URI wins over this.
     uri: str = "sqlite:///mlflow.db"
     experiment: str = "speccap"
+    # a shared Prefect server (http://host:4200/api); "" = one started per `dvc repro`
+    # (scripts/with_prefect.sh); $PREFECT_API_URL wins over this
+    prefect_api_url: str = ""
+
+
+@dataclass(frozen=True)
+class DaskParams:
+    kind: str = "local"  # local: a LocalCluster on this machine; slurm: dask-jobqueue SLURMCluster jobs
+    workers: int = 2  # LocalCluster workers, or Slurm jobs to start with (one worker each)
+    threads_per_worker: int = 1  # one task at a time per worker: each holds its own models
+    adapt_maximum: int = 0  # > 0: scale between adapt_minimum and this many workers with the load
+    adapt_minimum: int = 0
+
+
+@dataclass(frozen=True)
+class SlurmParams:
+    queue: str = ""  # partition (#SBATCH -p)
+    account: str = ""  # #SBATCH -A
+    cores: int = 8  # CPU cores per job
+    memory: str = "64GB"
+    walltime: str = "04:00:00"
+    gpus: int = 1  # #SBATCH --gres=gpu:N
+    job_extra_directives: tuple[str, ...] = ()  # more #SBATCH lines, e.g. "--constraint=a100"
+    job_script_prologue: tuple[str, ...] = ()  # shell lines before the worker starts (module load, venv)
+    local_directory: str = "/tmp"  # worker scratch space on the node
+    log_directory: str = "logs/slurm"
+
+
+@dataclass(frozen=True)
+class ClusterParams:
+    # local: each sweep configuration in turn, its captions over sweep.workers processes here;
+    # dask: configurations as Prefect tasks on a Dask cluster (each worker keeps its models loaded)
+    executor: str = "local"
+    dask: DaskParams = field(default_factory=DaskParams)
+    slurm: SlurmParams = field(default_factory=SlurmParams)
 
 
 @dataclass(frozen=True)
@@ -211,9 +246,12 @@ class Params:
     sweep: SweepParams = field(default_factory=SweepParams)
     gates: GatesParams = field(default_factory=GatesParams)
     tracking: TrackingParams = field(default_factory=TrackingParams)
+    cluster: ClusterParams = field(default_factory=ClusterParams)
 
 
 _CHOICES = {
+    "cluster.executor": {"local", "dask"},
+    "cluster.dask.kind": {"local", "slurm"},
     "data.source": {"synthetic", "mer2024"},
     "data.mer2024.reference_mode": {"full", "audio_only"},
     "models.edge.backend": {"embedded", "qwen2_5_omni", "qwen3_omni_moe"},
@@ -326,23 +364,48 @@ def _validate(p: Params) -> None:
         raise ConfigError("params keys sweep.block_lens (>= 0), sweep.workers (>= 0), sweep.threads (>= 1)")
     if p.features.hop_length < 1 or p.features.n_fft < p.features.hop_length:
         raise ConfigError("params keys features.hop_length / features.n_fft: need 1 <= hop_length <= n_fft")
+    d, sl = p.cluster.dask, p.cluster.slurm
+    if d.workers < 1 or d.threads_per_worker < 1 or d.adapt_minimum < 0 or 0 < d.adapt_maximum < d.adapt_minimum:
+        raise ConfigError("params keys cluster.dask.*: workers and threads_per_worker >= 1, "
+                          "0 <= adapt_minimum <= adapt_maximum (0 = no adaptive scaling)")
+    if sl.cores < 1 or sl.gpus < 0:
+        raise ConfigError("params keys cluster.slurm.cores (>= 1) / cluster.slurm.gpus (>= 0)")
 
 
-def params_from_dict(raw: dict) -> Params:
+def _dotted(overrides: dict) -> dict:
+    """{"decode.block_len": 7} -> {"decode": {"block_len": 7}}."""
+    out: dict = {}
+    for key, value in overrides.items():
+        parts = str(key).split(".")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key}: {part} is both a value and a section")
+        node[parts[-1]] = value
+    return out
+
+
+def params_from_dict(raw: dict, overrides: dict | None = None) -> Params:
+    """Params from a params.yaml mapping: the profile applied, then `overrides` (dotted keys, e.g.
+    from a Prefect deployment's parameters), validated like the file itself."""
     raw = dict(raw or {})
     profiles = raw.pop("profiles", {}) or {}
-    profile = raw.get("profile", "default")
+    profile = (overrides or {}).get("profile", raw.get("profile", "default"))
     if profile != "default":
         if profile not in profiles:
             raise ConfigError(f"params key profile: {profile!r} has no block under profiles: (have {sorted(profiles)})")
         raw = _merge(raw, profiles[profile])
+    if overrides:
+        raw = _merge(raw, _dotted(overrides))
     params = _build(Params, raw, "")
     _validate(params)
     return params
 
 
-def load_params(path: str | os.PathLike | None = None) -> Params:
-    """Read params.yaml (or $SPECCAP_PARAMS, or `path`) into a validated `Params`."""
+def load_params(path: str | os.PathLike | None = None, overrides: dict | None = None) -> Params:
+    """Read params.yaml (or $SPECCAP_PARAMS, or `path`) into a validated `Params`; `overrides`:
+    dotted keys applied after the profile (an unknown key is an error naming it)."""
     path = Path(path or os.environ.get(PARAMS_ENV, "params.yaml"))
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found (run from the project root or set {PARAMS_ENV})")
@@ -351,9 +414,33 @@ def load_params(path: str | os.PathLike | None = None) -> Params:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     try:
-        return params_from_dict(raw or {})
+        return params_from_dict(raw or {}, overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def materialize(path: str | os.PathLike | None, overrides: dict | None, out_dir: str | os.PathLike = ".speccap") -> str:
+    """A params file equal to `path` with `overrides` applied (profile resolved), for processes that
+    read params by path (sweep workers, Dask workers); `path` itself when there is nothing to apply."""
+    import hashlib
+    import json
+    src = Path(path or os.environ.get(PARAMS_ENV, "params.yaml"))
+    if not overrides:
+        return str(src)
+    load_params(src, overrides)  # fails here, naming the key, before anything starts
+    raw = yaml.safe_load(src.read_text(encoding="utf-8")) or {}
+    profiles = raw.pop("profiles", {}) or {}
+    profile = overrides.get("profile", raw.get("profile", "default"))
+    if profile != "default":
+        raw = _merge(raw, profiles[profile])
+    raw = _merge(raw, _dotted({k: v for k, v in overrides.items() if k != "profile"}))
+    raw["profile"] = "default"
+    text = yaml.safe_dump(raw, sort_keys=True, allow_unicode=True)
+    out = Path(out_dir) / f"params-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists():
+        out.write_text(f"# {src} with overrides {json.dumps(overrides, sort_keys=True)}\n" + text, encoding="utf-8")
+    return str(out)
 
 
 # ---- what each DVC stage depends on, resolved ----

@@ -152,6 +152,30 @@ def caption_one(job: tuple[dict, str]) -> dict:
         return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
+def ensure_models(params_path: str | None, threads: int) -> None:
+    """Load the models into this process unless the same ones are loaded already: a Dask worker
+    runs many configurations and keeps its models between them (reloaded when the params file or
+    the weights change)."""
+    key = (str(params_path), models_fingerprint(load_params(params_path)), threads)
+    if _W.get("key") != key:
+        _init_worker(params_path, threads)
+        _W["key"] = key
+        _W["loads"] = _W.get("loads", 0) + 1  # how often this process loaded models (reported per task)
+
+
+class Loaded:
+    """A Pool-like runner over the models `ensure_models` loaded in this process."""
+
+    def __init__(self, fn=None):
+        self.fn = fn or caption_one
+
+    def imap(self, jobs):
+        return map(self.fn, jobs)
+
+    def close(self):
+        pass
+
+
 class Pool:
     """Worker processes holding the models; `workers=0` runs in this process (tests, debugging).
     `fn` is the job function (module-level, takes one job, reads the models from `_W`)."""
