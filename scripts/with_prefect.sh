@@ -2,9 +2,12 @@
 # Run a command (e.g. `dvc repro`) with ONE local Prefect server shared by all its flows, instead of
 # a temporary server per DVC stage (10-20 s each, and one SQLite file under concurrent starts).
 # The server lives in .prefect/ (git-ignored) on a free loopback port and is stopped by its PID when
-# the command ends. If PREFECT_API_URL is already set (a shared server), the command just runs.
+# the command ends. If PREFECT_API_URL is already set, or params name a shared server
+# (tracking.prefect_api_url), the command just runs against that one.
 set -euo pipefail
 if [ -n "${PREFECT_API_URL:-}" ]; then exec "$@"; fi
+shared=$(python3 -c 'from speccap.config import load_params; print(load_params().tracking.prefect_api_url)' 2>/dev/null || true)
+if [ -n "$shared" ]; then export PREFECT_API_URL="$shared"; exec "$@"; fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 export PREFECT_HOME="$root/.prefect" PREFECT_SERVER_ANALYTICS_ENABLED=false
 mkdir -p "$PREFECT_HOME"

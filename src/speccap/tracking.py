@@ -80,8 +80,22 @@ class Tracker:
             Path(self.uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         self.mlflow = _mlflow(self.uri)
         self.experiment = experiment
-        exp = self.mlflow.get_experiment_by_name(experiment)
-        self.experiment_id = exp.experiment_id if exp else self.mlflow.create_experiment(experiment)
+        self.experiment_id = self._experiment_id(experiment)
+
+    def _experiment_id(self, name: str) -> str:
+        """Get or create; two processes starting at once against one server both get the one
+        experiment (the loser of the create race reads the winner's)."""
+        from mlflow.exceptions import MlflowException
+        exp = self.mlflow.get_experiment_by_name(name)
+        if exp:
+            return exp.experiment_id
+        try:
+            return self.mlflow.create_experiment(name)
+        except MlflowException:
+            exp = self.mlflow.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
 
     @contextlib.contextmanager
     def sweep(self, name: str, params: dict, tags: dict | None = None):
