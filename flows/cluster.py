@@ -90,3 +90,19 @@ def run_on_dask(params: Params, params_path: str | None, jobs, runs_dir: str) ->
     path = str(Path(params_path or os.environ.get("SPECCAP_PARAMS", "params.yaml")).resolve())
     return sweep_on_dask.with_options(task_runner=task_runner(params))(jobs, str(Path(runs_dir).resolve()), path,
                                                                        params.sweep.threads)
+
+
+def main(argv=None) -> int:
+    """`python -m flows.cluster [--params params.yaml]`: print the Slurm job script the sweep would submit."""
+    import argparse
+
+    from speccap.config import load_params
+    ap = argparse.ArgumentParser(description="Print the sbatch script of one Dask worker job (cluster.slurm params); "
+                                             "nothing is submitted.")
+    ap.add_argument("--params", default=None, help="params file (default: $SPECCAP_PARAMS or params.yaml)")
+    print(slurm_job_script(load_params(ap.parse_args(argv).params)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
