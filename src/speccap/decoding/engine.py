@@ -258,12 +258,21 @@ class _Edge:
 
     def draft(self, block: Block, needs_q: bool) -> int:
         """Draft one token into `block` (fed back to the cache unless it ends the caption)."""
-        tok = self.pick()
-        stats, q = token_stats(self.logits, tok, self.s.temperature)
+        rule = self.s.rule
+        if rule.edge_distribution is not None:  # Q-S / S-Q: the quantized distribution travels
+            p = torch.softmax(self.logits.double() / self.s.temperature, dim=-1)
+            q = rule.edge_distribution(p)
+            law = (q if rule.sample_quantized else p).numpy()
+            tok = int(self.rng.choice(len(law), p=law / law.sum()))
+            stats, _ = token_stats(self.logits, tok, self.s.temperature)
+        else:
+            tok = self.pick()
+            stats, q = token_stats(self.logits, tok, self.s.temperature)
+            q = q.float()  # what would travel; the rule sees the same values
         block.tokens.append(tok)
         block.stats.append(stats)
         if needs_q:
-            block.q.append(q.float())  # what would travel; the rule sees the same values
+            block.q.append(q)
         if tok != self.lm.eos_token_id:
             self.feed(tok)
         return tok
@@ -323,7 +332,7 @@ class _Cloud:
 
 def _verify_upload(rule: Rule, session_id: int, seq: int, sync: list[int], block: Block, bits: int) -> bytes:
     up = packets.verify_packet(session_id, seq, sync, block.tokens, bits)
-    return up + _q_payload(block.q) if rule.needs_q else up
+    return up + rule.q_payload(block.q) if rule.needs_q else up
 
 
 def _book_verdict(rec: CaptionRecord, verdict) -> None:
@@ -416,11 +425,6 @@ def _positions(rec: CaptionRecord, accepted: int, checked: int) -> None:
     for i in range(checked):
         rec.position_checked[i] += 1
         rec.position_accepted[i] += int(i < accepted)
-
-
-def _q_payload(q: list[torch.Tensor]) -> bytes:
-    """spec_sampling's extra uplink: each draft distribution, dense float16 (the cost Q-S attacks)."""
-    return packets.q_payload(q, "float16")
 
 
 def settings_from_params(decode, max_new_tokens: int, seed: int = 0) -> SpecSettings:

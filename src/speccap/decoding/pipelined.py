@@ -43,8 +43,7 @@ import numpy as np
 from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
 from . import packets
-from .engine import (CaptionRecord, SpecSettings, _account, _book_verdict, _Clock, _Cloud, _Edge, _finish,
-                     _q_payload)
+from .engine import CaptionRecord, SpecSettings, _account, _book_verdict, _Clock, _Cloud, _Edge, _finish
 from .link import Link
 from .policies import LengthPolicy
 from .stats import Block, audio_summary
@@ -193,7 +192,7 @@ class _Loop:
             self.features_sent = True
         payload = packets.pipelined_packet(self.session_id, self.seq, self.epoch, sync, block.tokens, guess, self.bits)
         if s.rule.needs_q:
-            payload += _q_payload(block.q)
+            payload += s.rule.q_payload(block.q)
         arrived = self.up.send(t, _account(rec, self.link, "up", "verify", payload))
         rec.transmitted += len(block)
         rec.synced += len(sync)

@@ -32,6 +32,14 @@ def cloud_rank(row: torch.Tensor, token: int) -> int:
 class Rule(ABC):
     name = "rule"
     needs_q = False  # whether the edge must send its draft distributions
+    # Q-S / S-Q: the edge sends edge_distribution(p) instead of p, and samples from it when True
+    edge_distribution = None
+    sample_quantized = False
+
+    def q_payload(self, q: list[torch.Tensor]) -> bytes:
+        """The draft distributions as they travel after a VERIFY: dense float16 rows (the cost Q-S attacks)."""
+        from .packets import q_payload
+        return q_payload(q, "float16")
 
     @abstractmethod
     def verify(self, draft: list[int], rows: torch.Tensor, q: list[torch.Tensor] | None, eos: int,
@@ -109,11 +117,14 @@ def _sample(p: torch.Tensor, rng: np.random.Generator) -> int:
     return int(rng.choice(len(p), p=p / p.sum()))
 
 
-def make_rule(name: str, rank: int = 20, temperature: float = 1.0) -> Rule:
+def make_rule(name: str, rank: int = 20, temperature: float = 1.0, level: int = 16) -> Rule:
+    if name in ("qs", "sq"):
+        from .qs import QuantizeSample, SampleQuantize
+        return (QuantizeSample if name == "qs" else SampleQuantize)(level, temperature)
     if name == "greedy":
         return Rank(1)
     if name == "rank":
         return Rank(rank)
     if name == "spec_sampling":
         return SpecSampling(temperature)
-    raise ValueError(f"unknown verification rule {name!r} (expected greedy, rank or spec_sampling)")
+    raise ValueError(f"unknown verification rule {name!r} (expected greedy, rank, spec_sampling, qs or sq)")

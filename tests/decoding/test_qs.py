@@ -1,0 +1,88 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from speccap.decoding import packets
+from speccap.decoding.qs import (QuantizeSample, SampleQuantize, lattice_counts, pack_lattice, quantize,
+                                 sparse_bits, unpack_lattice)
+from speccap.decoding.verify import make_rule
+
+
+def test_lattice_counts_sum_to_the_level_and_round_to_nearest():
+    rng = np.random.default_rng(0)
+    for level in (1, 3, 16, 255):
+        for _ in range(50):
+            q = rng.dirichlet(np.full(11, 0.3))
+            b = lattice_counts(q, level)
+            assert b.sum() == level and (b >= 0).all()
+            assert np.abs(b - level * q).max() < 1  # every count is floor or ceil of l q
+            # the units went to the largest remainders
+            up = b > np.floor(level * q)
+            rem = level * q - np.floor(level * q)
+            if up.any() and (~up).any():
+                assert rem[up].min() >= rem[~up].max() - 1e-12
+    assert lattice_counts(np.array([0.5, 0.5]), 1).tolist() == [1, 0]  # a tie goes to the lower id
+    with pytest.raises(ValueError, match="level"):
+        lattice_counts(np.array([1.0]), 0)
+    with pytest.raises(ValueError, match="non-negative"):
+        lattice_counts(np.array([0.5, -0.1]), 4)
+
+
+def test_sparse_payload_bit_count_and_roundtrip():
+    rng = np.random.default_rng(1)
+    vocab = 1000
+    for level in (4, 16, 64):
+        q = quantize(torch.from_numpy(rng.dirichlet(np.full(vocab, 0.05))), level)
+        nnz = int((q > 0).sum())
+        assert nnz <= level
+        data = pack_lattice(q, level)
+        bits = sparse_bits(nnz, vocab, level)
+        assert bits == 16 + nnz * (10 + math.ceil(math.log2(level + 1)))
+        assert len(data) == 2 + math.ceil((bits - 16) / 8)
+        back, rest = unpack_lattice(data + b"tail", vocab, level)
+        assert torch.equal(back, q) and rest == b"tail"
+        assert len(data) < vocab * 2 / 10  # far below the dense float16 row
+    four = pack_lattice(quantize(torch.tensor([0.5, 0.25, 0.25, 0.0]), 4), 4)
+    with pytest.raises(packets.PacketError, match="level-5"):  # counts summing to 4 read at level 5
+        unpack_lattice(four, 4, 5)
+    with pytest.raises(packets.PacketError, match="need"):
+        unpack_lattice(b"\x05\x00\x01", 10, 4)
+
+
+def _outputs(rule, edge_logits, cloud_logits, temperature, n, seed):
+    """n single-token rounds: the edge drafts one token as the rule says, the cloud verifies it;
+    returns the committed token of each round."""
+    rng = np.random.default_rng(seed)
+    p_edge = torch.softmax(edge_logits.double() / temperature, dim=-1)
+    q_hat = rule.edge_distribution(p_edge)
+    law = (q_hat if rule.sample_quantized else p_edge).numpy()
+    rows = torch.stack([cloud_logits, cloud_logits])
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        d = int(rng.choice(len(law), p=law))
+        v = rule.verify([d], rows, [q_hat], eos=-1, rng=rng)
+        out[i] = d if v.accepted else v.token
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 1.6])
+def test_qs_output_is_distributed_as_the_cloud_and_sq_is_not(temperature):
+    g = torch.Generator().manual_seed(3)
+    edge_logits, cloud_logits = 2 * torch.randn(6, generator=g), 2 * torch.randn(6, generator=g)
+    p = torch.softmax(cloud_logits.double() / temperature, dim=-1).numpy()
+    n = 12000
+    for level in (3, 8):
+        qs = _outputs(QuantizeSample(level, temperature), edge_logits, cloud_logits, temperature, n, seed=level)
+        observed = np.bincount(qs, minlength=6)
+        assert chisquare(observed, n * p).pvalue > 1e-3, (level, observed, n * p)
+    # the naive order on the coarsest lattice: the cloud divides by probabilities the token was not drawn with
+    sq = _outputs(SampleQuantize(3, temperature), edge_logits, cloud_logits, temperature, n, seed=9)
+    assert chisquare(np.bincount(sq, minlength=6), n * p).pvalue < 1e-6
+
+
+def test_make_rule_builds_qs_and_sq():
+    assert make_rule("qs", level=32, temperature=0.8).describe() == {"rule": "qs", "temperature": 0.8, "level": 32}
+    assert make_rule("sq", level=4).name == "sq" and make_rule("qs").needs_q
