@@ -86,3 +86,62 @@ def test_qs_output_is_distributed_as_the_cloud_and_sq_is_not(temperature):
 def test_make_rule_builds_qs_and_sq():
     assert make_rule("qs", level=32, temperature=0.8).describe() == {"rule": "qs", "temperature": 0.8, "level": 32}
     assert make_rule("sq", level=4).name == "sq" and make_rule("qs").needs_q
+
+
+def _engine_pair():
+    from ..models.conftest import tiny_lm
+    return tiny_lm("qwen2_5_omni", seed=1), tiny_lm("qwen2_5_omni", seed=2)
+
+
+def test_qs_through_the_engine_sends_the_sparse_lattice(tmp_path):
+    from speccap.config import LinkConfig
+    from speccap.decoding.engine import SpecSettings, speculative
+    from speccap.decoding.gates import make_gate
+    from speccap.decoding.link import Link
+    from speccap.decoding.policies import Fixed
+    edge, cloud = _engine_pair()
+    mel = np.random.default_rng(0).standard_normal((128, 120)).astype(np.float32)
+    sent = []
+    recs = {}
+    for name in ("qs", "spec_sampling"):
+        s = SpecSettings(gate=make_gate("always", None), rule=make_rule(name, temperature=1.0, level=4),
+                         policy=Fixed(4), temperature=1.0, max_new_tokens=20, seed=3)
+        tap = (lambda d, payload: sent.append(payload)) if name == "qs" else None
+        recs[name] = speculative(edge, cloud, mel, "en", s, Link(LinkConfig(), tap=tap))
+    verifies = [x for x in sent if packets.parse_header(x)[0] == packets.VERIFY]
+    assert len(verifies) == recs["qs"].rounds > 0
+    for payload in verifies:
+        _, _, _, draft = packets.parse_verify(payload)
+        tail = packets.verify_tail(payload)
+        for _ in draft:  # one lattice point of level 4 per draft token, nothing else
+            q, tail = unpack_lattice(tail, edge.vocab_size, 4)
+            assert int((q > 0).sum()) <= 4
+        assert tail == b""
+    per_token = {k: sum(p["bytes"] for p in r.packets if p["kind"] == "verify") / r.transmitted
+                 for k, r in recs.items()}
+    assert per_token["qs"] < per_token["spec_sampling"] / 10  # 96 float16 vs <= 4 sparse entries
+
+
+def test_adaptive_policy_trades_lattice_resolution_for_channel_rate():
+    from speccap.config import LinkConfig
+    from speccap.decoding.link import Link
+    from speccap.decoding.qs import QSAdaptive
+    vocab = 150_000  # Qwen's vocabulary: a dense row would be 300 kB
+    plans = {}
+    for mbps in (0.35, 4.0, 1000.0):
+        rule = QuantizeSample(16)
+        link = Link(LinkConfig(uplink_mbps=mbps, downlink_mbps=mbps, rtt_ms=5.0))
+        policy = QSAdaptive(rule, link, vocab, levels=(2, 8, 256), l_max=8)
+        for level, a in ((2, 0.35), (8, 0.6), (256, 0.8)):  # finer lattices are accepted more often
+            policy.accepted[level], policy.checked[level] = 1000 * a, 1000
+            rule.nnz[level] = [level * 100, 100]  # and send `level` non-zero entries per token
+        policy.t_edge, policy.t_cloud = 2e-3, 5e-3
+        length = policy.next_length()
+        plans[mbps] = (length, rule.level)
+        assert policy.chosen == plans[mbps]
+    # 350 kbps: 256 entries cost ~20 ms a token, a coarser lattice pays; 1 Gbps: the finest, longer drafts
+    assert plans[0.35][1] == 8 and plans[4.0][1] == plans[1000.0][1] == 256
+    assert plans[0.35][0] <= plans[1000.0][0]
+    # a verdict at the chosen level moves only that level's acceptance estimate
+    policy.update(4, 1, escalated=True, corrected=True)
+    assert policy.checked[256] == 1002 and policy.checked[8] == 1000

@@ -42,6 +42,14 @@ class Link:
             return 1e6 * (m.good_mbps if self.good else m.bad_mbps)
         return 1e6 * (self.p.uplink_mbps if direction == "up" else self.p.downlink_mbps)
 
+    def rate_now(self, direction: str) -> float:
+        """Bits per second a packet sent now would see (the Markov state is read, not advanced):
+        what an adaptive policy knows of the channel, as measured by the device's modem."""
+        if self.p.markov is not None:
+            m = self.p.markov
+            return 1e6 * (m.good_mbps if self.good else m.bad_mbps)
+        return 1e6 * (self.p.uplink_mbps if direction == "up" else self.p.downlink_mbps)
+
     def send(self, payload: bytes, direction: str) -> float:
         """Seconds for one packet (wire-format bytes) to arrive."""
         if self.tap is not None:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from . import packets
+from .policies import LengthPolicy
 from .verify import SpecSampling
 
 
@@ -105,10 +106,19 @@ class QuantizeSample(SpecSampling):
         if level < 1:
             raise ValueError(f"Q-S needs a lattice level >= 1, got {level}")
         self.level = int(level)
+        self.nnz: dict[int, list[int]] = {}
 
     def edge_distribution(self, p: torch.Tensor) -> torch.Tensor:
         """What the edge sends (and, for Q-S, samples from): p quantized at the current level."""
-        return quantize(p, self.level)
+        q = quantize(p, self.level)
+        n = self.nnz.setdefault(self.level, [0, 0])  # for the adaptive policy's payload estimate
+        n[0] += int((q > 0).sum())
+        n[1] += 1
+        return q
+
+    def mean_nnz(self, level: int, vocab: int) -> float:
+        s, n = self.nnz.get(level, (0, 0))
+        return s / n if n else float(min(level, vocab))
 
     def q_payload(self, q: list[torch.Tensor]) -> bytes:
         return b"".join(pack_lattice(x, self.level) for x in q)
@@ -122,3 +132,73 @@ class SampleQuantize(QuantizeSample):
 
     name = "sq"
     sample_quantized = False
+
+
+class QSAdaptive(LengthPolicy):
+    """Per round, the draft length L and lattice level l that maximize expected committed tokens per
+    second, from what the edge knows now:
+
+        E(L, a_l) = (1 - a_l^(L+1)) / (1 - a_l)       accepted prefix plus the cloud's token
+        T(L, l)   = L T_edge + T_up(L, l) + T_cloud + T_down
+
+    a_l: the acceptance rate seen at level l (Beta(2, 1) prior: optimistic, so every level is tried);
+    T_edge, T_cloud: running means measured this caption; T_up, T_down: the link's current rate
+    (the Markov channel's state) and RTT over the real packet sizes, the q payload from the mean
+    number of non-zero lattice entries seen at l. Sets `rule.level` for the block it sizes."""
+
+    name = "qs_adaptive"
+
+    def __init__(self, rule: QuantizeSample, link, vocab: int, levels=(2, 4, 8, 16, 32, 64), l_max: int = 8,
+                 overhead_bytes: int | None = None):
+        if not levels or min(levels) < 1 or l_max < 1:
+            raise ValueError("QSAdaptive needs levels >= 1 and l_max >= 1")
+        self.rule, self.link, self.vocab = rule, link, vocab
+        self.levels, self.l_max = tuple(sorted(levels)), l_max
+        self.overhead = link.p.overhead_bytes if overhead_bytes is None else overhead_bytes
+        self.accepted = {lv: 2.0 for lv in self.levels}  # Beta(2, 1) per level
+        self.checked = {lv: 3.0 for lv in self.levels}
+        self.t_edge, self.t_cloud = 1e-3, 1e-2  # priors until measured
+        self.chosen: tuple[int, int] | None = None
+
+    def _seconds(self, length: int, level: int) -> float:
+        vb = packets.id_bits(self.vocab)
+        q_bytes = 2 + math.ceil(self.rule.mean_nnz(level, self.vocab) * (vb + count_bits(level)) / 8)
+        up = 12 + 5 + math.ceil(length * vb / 8) + length * q_bytes + self.overhead
+        down = 12 + 4 + math.ceil(vb / 8) + self.overhead
+        rtt = self.link.rtt_s
+        return (length * self.t_edge + rtt / 2 + 8 * up / self.link.rate_now("up") + self.t_cloud
+                + rtt / 2 + 8 * down / self.link.rate_now("down"))
+
+    def plan(self) -> tuple[int, int, float]:
+        """(L, l, expected committed tokens per second) of the best setting now."""
+        best = (1, self.levels[0], -1.0)
+        for level in self.levels:
+            a = min(self.accepted[level] / self.checked[level], 0.999)
+            for length in range(1, self.l_max + 1):
+                rate = (1 - a ** (length + 1)) / (1 - a) / self._seconds(length, level)
+                if rate > best[2]:
+                    best = (length, level, rate)
+        return best
+
+    def next_length(self) -> int:
+        length, level, _ = self.plan()
+        self.rule.level = level
+        self.chosen = (length, level)
+        return length
+
+    def update(self, drafted, accepted, escalated, corrected) -> None:
+        if not escalated or self.chosen is None:
+            return
+        level = self.chosen[1]
+        self.accepted[level] += accepted
+        self.checked[level] += accepted + int(corrected)
+
+    def observe(self, rec) -> None:
+        """Running compute estimates from the caption's record so far."""
+        if rec.drafted:
+            self.t_edge = max(rec.edge_compute - rec.prefill_time, 0.0) / rec.drafted or self.t_edge
+        if rec.rounds:
+            self.t_cloud = rec.cloud_compute / rec.rounds or self.t_cloud
+
+    def describe(self) -> dict:
+        return {"policy": self.name, "levels": list(self.levels), "l_max": self.l_max}
