@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 from speccap.tracking import Tracker, project_root, resolve_uri
@@ -125,3 +126,19 @@ def test_gate_registry_alias_and_mlflow_models_serve(tmp_path, monkeypatch):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_two_trackers_in_one_process_keep_their_own_stores(tmp_path, monkeypatch):
+    # mlflow.set_tracking_uri writes $MLFLOW_TRACKING_URI; that must not become the next Tracker's store
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    a = Tracker(f"sqlite:///{tmp_path / 'a.db'}", "one")
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    b = Tracker(f"sqlite:///{tmp_path / 'b.db'}", "two")
+    assert b.uri.endswith("b.db")
+    with b.sweep("s", {"x": 1}, {"sweep_key": "k"}):
+        pass
+    assert len(b.runs()) == 1 and a.uri.endswith("a.db")
+    # the user's own setting still wins, and stays as it was
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'c.db'}")
+    c = Tracker(f"sqlite:///{tmp_path / 'b.db'}", "three")
+    assert c.uri.endswith("c.db") and os.environ["MLFLOW_TRACKING_URI"].endswith("c.db")

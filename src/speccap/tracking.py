@@ -46,7 +46,15 @@ def _mlflow(uri: str):
     import mlflow
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    # mlflow.set_tracking_uri also writes $MLFLOW_TRACKING_URI, which resolve_uri reads as the
+    # user's choice: a second Tracker in this process would then silently use the first one's
+    # store. Put the variable back as the user left it.
+    before = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
     return mlflow
 
 
