@@ -76,7 +76,7 @@ def _cmd_caption(args) -> int:
             rec = cloud_only(cloud, mel, args.language, link, max_new, decode.temperature, args.seed,
                              decode.cloud_time_scale)
         else:
-            settings = settings_from_params(decode, max_new, args.seed)
+            settings = settings_from_params(decode, max_new, args.seed, args.qs_level or params.qs.level)
             if champion:
                 settings.gate = _champion_gate(params, args.threshold)
             rec = speculative(edge, cloud, mel, args.language, settings, link)
@@ -155,7 +155,8 @@ def _cmd_edge(args) -> int:
         for path in args.files:
             clip = read_audio(path, max_seconds=params.data.max_clip_seconds)
             mel = clip_log_mel(clip.samples, params.features)
-            settings = settings_from_params(decode, params.models.max_new_tokens, args.seed)
+            settings = settings_from_params(decode, params.models.max_new_tokens, args.seed,
+                                            args.qs_level or params.qs.level)
             if champion:
                 settings.gate = _champion_gate(params, args.threshold)
             rec = caption_remote(edge, client, info, mel, args.language, settings, Link(params.link, seed=args.seed),
@@ -172,7 +173,9 @@ def _add_decoding_options(s) -> None:
                         "in the MLflow registry, at its own threshold unless --threshold)")
     s.add_argument("--threshold", type=float, help="gate threshold (entropy gamma, margin delta, log-prob)")
     s.add_argument("--block-len", type=int, help="draft length L; 0 = UGSD adaptive (default: decode.block_len)")
-    s.add_argument("--rule", choices=("greedy", "rank", "spec_sampling"), help="verification rule")
+    s.add_argument("--rule", choices=("greedy", "rank", "spec_sampling", "qs", "sq"),
+                   help="verification rule (qs: lossless quantize-then-sample; needs --temperature > 0)")
+    s.add_argument("--qs-level", type=int, help="lattice level of qs / sq (default: qs.level)")
     s.add_argument("--rank", type=int, help="R of the rank rule")
     s.add_argument("--temperature", type=float, help="0 = greedy; > 0 = sampling (default: decode.temperature)")
     s.add_argument("--seed", type=int, default=0, help="sampling and link seed")

@@ -189,6 +189,19 @@ class SweepParams:
     workers: int = 2  # processes, each with the models loaded once
     threads: int = 1  # torch threads per worker
     runs_dir: str = "reports/runs"
+    # Q-S next to speculative sampling, every block verified, at this temperature: one configuration
+    # per lattice level (0 = the adaptive policy choosing L and level per round) plus the dense baseline
+    qs_levels: tuple[int, ...] = ()
+    qs_temperature: float = 1.0
+
+
+@dataclass(frozen=True)
+class QSParams:
+    # Q-S (decode.rule qs, or sq: the biased sample-then-quantize order): the edge's draft
+    # distribution on the lattice {b / level : sum b = level}, sent sparsely
+    level: int = 16
+    levels: tuple[int, ...] = (2, 4, 8, 16, 32, 64)  # what the adaptive policy (L and level per round) picks from
+    l_max: int = 8  # the longest draft the adaptive policy plans
 
 
 @dataclass(frozen=True)
@@ -246,6 +259,7 @@ class Params:
     sweep: SweepParams = field(default_factory=SweepParams)
     gates: GatesParams = field(default_factory=GatesParams)
     tracking: TrackingParams = field(default_factory=TrackingParams)
+    qs: QSParams = field(default_factory=QSParams)
     cluster: ClusterParams = field(default_factory=ClusterParams)
 
 
@@ -260,7 +274,7 @@ _CHOICES = {
     "models.cloud.family": {"qwen2_5_omni", "qwen3_omni_moe"},
     "models.edge.dtype": {"auto", "float32", "bfloat16", "float16"},
     "models.cloud.dtype": {"auto", "float32", "bfloat16", "float16"},
-    "decode.rule": {"greedy", "rank", "spec_sampling"},
+    "decode.rule": {"greedy", "rank", "spec_sampling", "qs", "sq"},
     "decode.gate": {"never", "always", "entropy", "margin", "logprob"},
     "decode.draft_ahead": {"adaptive", "always"},
 }
@@ -340,8 +354,12 @@ def _validate(p: Params) -> None:
         if m.size.text_hidden % m.size.text_heads or m.size.text_heads % m.size.text_kv_heads:
             raise ConfigError(f"params keys models.{role}.size: text_hidden must divide by text_heads, "
                               "and text_heads by text_kv_heads")
-    if p.decode.rule == "spec_sampling" and p.decode.temperature <= 0:
-        raise ConfigError("params key decode.temperature: spec_sampling needs sampling (temperature > 0)")
+    if p.decode.rule in ("spec_sampling", "qs", "sq") and p.decode.temperature <= 0:
+        raise ConfigError(f"params key decode.temperature: {p.decode.rule} needs sampling (temperature > 0)")
+    if p.qs.level < 1 or not p.qs.levels or min(p.qs.levels) < 1 or p.qs.l_max < 1:
+        raise ConfigError("params keys qs.level, qs.levels, qs.l_max must be >= 1")
+    if any(v < 0 for v in p.sweep.qs_levels) or (p.sweep.qs_levels and p.sweep.qs_temperature <= 0):
+        raise ConfigError("params keys sweep.qs_levels (>= 0; 0 = adaptive) / sweep.qs_temperature (> 0)")
     if p.decode.block_len < 0 or p.decode.rank < 1:
         raise ConfigError("params keys decode.block_len (>= 0, 0 = adaptive) / decode.rank (>= 1)")
     if p.decode.in_flight < 0 or any(n < 0 for n in p.sweep.in_flight):
@@ -454,7 +472,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "prepare": ("seed", "data"),
     "featurize": ("features", "data.max_clip_seconds"),
     "train": ("seed", "models", "features", "data.languages"),
-    "decode": ("seed", "decode", "link", "sweep", "models.max_new_tokens", "data.languages",
+    "decode": ("seed", "decode", "link", "sweep", "qs", "models.max_new_tokens", "data.languages",
                "tracking.experiment"),
     "report": ("decode", "link", "data.languages"),
     "traces": ("seed", "gates.traces", "decode.rank", "models.max_new_tokens", "data.languages"),

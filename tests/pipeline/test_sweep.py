@@ -68,3 +68,27 @@ def test_failed_captions_fail_the_configuration_with_the_reason(tiny_project, tm
         summarize(RunConfig("edge", "en"), records, clips)
     # error records are retried on the next run, not kept
     assert json.loads((tmp_path / "bad.jsonl").read_text().splitlines()[0])["id"] == "no-such-clip"
+
+
+def test_qs_configurations_sit_next_to_dense_speculative_sampling_and_old_keys_stay():
+    p = params_from_dict({"sweep": {"qs_levels": [4, 0], "qs_temperature": 0.8}, "decode": {"block_len": 5}})
+    sampled = [c for c in build_configs(p) if c.language == "en" and c.temperature is not None]
+    assert [c.name for c in sampled] == ["ugsd-en-always-L5-spec_sampling-T0.8", "ugsd-en-always-L5-qs4-T0.8",
+                                         "ugsd-en-always-Lqsadapt-qs-T0.8"]
+    # configurations without the new fields hash as before (their records stay valid)
+    old = RunConfig("ugsd", "en", "entropy", 1.0, 5, "rank", 2)
+    assert set(old.to_dict()) == {"method", "language", "gate", "threshold", "block_len", "rule", "rank", "in_flight"}
+    with pytest.raises(Exception, match="qs_temperature"):
+        params_from_dict({"sweep": {"qs_levels": [4], "qs_temperature": 0.0}})
+
+
+def test_qs_adaptive_configuration_runs_in_a_worker(tiny_project, tmp_path):
+    params, _, params_file = tiny_project
+    pool = Pool(str(params_file), workers=0, threads=1)
+    clips = eval_clips(params, "en")[:2]
+    for level in (4, 0):
+        cfg = RunConfig("ugsd", "en", "always", None, 3, "qs", temperature=1.0, level=level)
+        records = run_config(cfg, clips, pool, tmp_path / f"qs{level}.jsonl")
+        assert all("error" not in r for r in records), records
+        s = summarize(cfg, records, clips)
+        assert s["rho"] == 1.0 and s["rounds"] >= 1

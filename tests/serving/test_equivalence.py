@@ -14,6 +14,7 @@ CASES = [
     dict(gate="always", rule="rank", rank=3, policy=UGSDAdaptive(2, 4, 8)),
     dict(gate="entropy", threshold=4.2, rule="greedy", policy=Fixed(2)),
     dict(gate="always", rule="spec_sampling", temperature=1.0, policy=Fixed(4), seed=5),
+    dict(gate="always", rule="qs", temperature=1.0, policy=Fixed(4), seed=6),
 ]
 
 

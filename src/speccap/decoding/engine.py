@@ -429,15 +429,16 @@ def _positions(rec: CaptionRecord, accepted: int, checked: int) -> None:
         rec.position_accepted[i] += int(i < accepted)
 
 
-def settings_from_params(decode, max_new_tokens: int, seed: int = 0) -> SpecSettings:
-    """SpecSettings from the `decode:` section of params (a config.DecodeParams)."""
+def settings_from_params(decode, max_new_tokens: int, seed: int = 0, qs_level: int = 16) -> SpecSettings:
+    """SpecSettings from the `decode:` section of params (a config.DecodeParams); `qs_level`: the
+    lattice level of the qs / sq rules (params qs.level)."""
     from .gates import make_gate
     from .policies import Fixed, UGSDAdaptive
     from .verify import make_rule
     a = decode.adaptive
     policy = UGSDAdaptive(a.l_min, a.l_base, a.l_max) if decode.block_len == 0 else Fixed(decode.block_len)
     gate = make_gate(decode.gate, None if decode.gate in ("never", "always") else decode.threshold)
-    return SpecSettings(gate=gate, rule=make_rule(decode.rule, decode.rank, decode.temperature or 1.0),
+    return SpecSettings(gate=gate, rule=make_rule(decode.rule, decode.rank, decode.temperature or 1.0, qs_level),
                         policy=policy, temperature=decode.temperature, max_new_tokens=max_new_tokens, seed=seed,
                         in_flight=decode.in_flight, draft_ahead=decode.draft_ahead, edge_time_scale=decode.edge_time_scale,
                         cloud_time_scale=decode.cloud_time_scale)

@@ -7,10 +7,11 @@ Wire format (version 1), little-endian, each packet = 12-byte header + body:
   VERDICT    body: bits u8 | accepted u16 | has_token u8 | bit-packed token id
   PIPELINED  body: bits u8 | epoch u16 | n_sync u16 | n_draft u16 | has_guess u8 |
              bit-packed token ids (sync, draft, then the guess)
-  OPEN       body: rule u8 (1 = rank, 2 = spec_sampling) | rank u16 | temperature f32 | seed u64 |
-             q dtype u8 (1 = float16, 2 = float32) | a whole FEATURES packet
-A VERIFY for a rule that needs the draft distributions (spec_sampling) is followed by n_draft dense
-rows of V probabilities in the session's q dtype (V: the shared vocabulary size).
+  OPEN       body: rule u8 (1 = rank, 2 = spec_sampling, 3 = qs, 4 = sq) | rank u16 | temperature f32 |
+             seed u64 | q dtype u8 (1 = float16, 2 = float32) | a whole FEATURES packet
+A VERIFY for a rule that needs the draft distributions is followed by them: spec_sampling, n_draft
+dense rows of V probabilities in the session's q dtype (V: the shared vocabulary size); qs / sq, the
+block's lattice level and each token's sparse lattice point (decoding/qs.py).
 An OPEN packet starts a networked session (speccap.serving): the verification settings the cloud
 needs to run the same rule as the in-process loop, then the clip's features.
 A PIPELINED packet is a VERIFY sent while earlier blocks are still being verified: `epoch` counts
@@ -40,7 +41,7 @@ _PIPELINED = struct.Struct("<BHHHB")
 _OPEN = struct.Struct("<BHfQB")
 LANGUAGES = ("en", "zh")
 DTYPES = {1: np.float16, 2: np.float32}  # wire code -> numpy dtype
-RULES = {1: "rank", 2: "spec_sampling"}
+RULES = {1: "rank", 2: "spec_sampling", 3: "qs", 4: "sq"}
 
 
 class PacketError(ValueError):
@@ -174,7 +175,8 @@ def open_packet(features: np.ndarray, language: str, rule: str, rank: int = 1, t
         rule, rank = "rank", 1
     codes = {v: k for k, v in RULES.items()}
     if rule not in codes:
-        raise PacketError(f"rule {rule!r} cannot be verified over the network (expected greedy, rank or spec_sampling)")
+        raise PacketError(f"rule {rule!r} cannot be verified over the network (expected greedy, rank, spec_sampling, "
+                          "qs or sq)")
     body = _OPEN.pack(codes[rule], rank, temperature, seed, dtype_code(q_dtype))
     return _header(OPEN, 0, 0) + body + features_packet(0, features, language, features_dtype)
 
@@ -199,7 +201,7 @@ def parse_open(data: bytes) -> OpenRequest:
     rule, rank, temperature, seed, q_dtype = _OPEN.unpack_from(data, _HEADER.size)
     if rule not in RULES or q_dtype not in DTYPES:
         raise PacketError(f"unknown rule code {rule} or q dtype code {q_dtype}")
-    if rank < 1 or not math.isfinite(temperature) or (RULES[rule] == "spec_sampling" and temperature <= 0):
+    if rank < 1 or not math.isfinite(temperature) or (RULES[rule] != "rank" and temperature <= 0):
         raise PacketError(f"bad rule settings: rank {rank}, temperature {temperature}")
     _, mel, language = parse_features(data[_HEADER.size + _OPEN.size:])
     return OpenRequest(RULES[rule], rank, temperature, seed, np.dtype(DTYPES[q_dtype]).name, mel, language)

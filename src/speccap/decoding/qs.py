@@ -16,8 +16,9 @@ A coarser lattice only lowers the acceptance rate; it never biases the output. S
 and sends q_hat: the cloud then divides by the wrong probabilities and the output drifts from p
 (tests show both).
 
-Sparse payload per draft token: nnz u16, then nnz pairs of (id at ceil(log2 V) bits, count at
-ceil(log2(l + 1)) bits), bit-packed, so bits = 16 + nnz (ceil(log2 V) + ceil(log2(l + 1))) with
+Sparse payload after a VERIFY: the block's level l (u16; the adaptive policy changes it per
+round), then per draft token nnz u16 and nnz pairs of (id at ceil(log2 V) bits, count at
+ceil(log2(l + 1)) bits), bit-packed: 16 + nnz (ceil(log2 V) + ceil(log2(l + 1))) bits a token,
 nnz <= min(l, V).
 """
 
@@ -76,6 +77,22 @@ def pack_lattice(q_hat: torch.Tensor, level: int) -> bytes:
     return struct.pack("<H", len(ids)) + np.packbits(np.concatenate([bits, cnt], axis=1).reshape(-1)).tobytes()
 
 
+def unpack_block(data: bytes, n_draft: int, vocab: int) -> tuple[int, list[torch.Tensor]]:
+    """(level, q_hat per draft token) from a Q-S payload; an error on anything left over or missing."""
+    if len(data) < 2:
+        raise packets.PacketError("Q-S payload: missing lattice level")
+    (level,) = struct.unpack_from("<H", data)
+    if level < 1:
+        raise packets.PacketError("Q-S payload: lattice level 0")
+    rest, out = data[2:], []
+    for _ in range(n_draft):
+        q, rest = unpack_lattice(rest, vocab, level)
+        out.append(q)
+    if rest:
+        raise packets.PacketError(f"Q-S payload: {len(rest)} bytes after the {n_draft} distributions")
+    return level, out
+
+
 def unpack_lattice(data: bytes, vocab: int, level: int) -> tuple[torch.Tensor, bytes]:
     """(q_hat, the bytes after it) from a packed token; an error unless it is a lattice point."""
     if len(data) < 2:
@@ -121,7 +138,7 @@ class QuantizeSample(SpecSampling):
         return s / n if n else float(min(level, vocab))
 
     def q_payload(self, q: list[torch.Tensor]) -> bytes:
-        return b"".join(pack_lattice(x, self.level) for x in q)
+        return struct.pack("<H", self.level) + b"".join(pack_lattice(x, self.level) for x in q)
 
     def describe(self) -> dict:
         return {"rule": self.name, "temperature": self.temperature, "level": self.level}

@@ -37,6 +37,8 @@ class RunConfig:
     rule: str = "none"
     rank: int = 0
     in_flight: int = 0  # 0 = the blocking loop; N = pipelined with N blocks in flight
+    temperature: float | None = None  # sampling temperature (None: decode.temperature)
+    level: int | None = None  # Q-S lattice level (0: the adaptive policy picks L and level per round)
 
     @property
     def name(self) -> str:
@@ -44,11 +46,20 @@ class RunConfig:
             return f"{self.method}-{self.language}"
         thr = "" if self.threshold is None else f"{self.threshold:g}"
         length = "Ladapt" if self.block_len == 0 else f"L{self.block_len}"
+        if self.level == 0:
+            length = "Lqsadapt"
         piped = f"-N{self.in_flight}" if self.in_flight else ""
-        return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{self.rule}{self.rank if self.rule == 'rank' else ''}{piped}"
+        rule = {"rank": f"rank{self.rank}", "qs": f"qs{self.level or ''}", "sq": f"sq{self.level or ''}"}.get(
+            self.rule, self.rule)
+        temp = "" if self.temperature is None else f"-T{self.temperature:g}"
+        return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{rule}{piped}{temp}"
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for k in ("temperature", "level"):  # added later: left out when unused, so older keys stay valid
+            if d[k] is None:
+                del d[k]
+        return d
 
 
 def build_configs(params: Params) -> list[RunConfig]:
@@ -73,6 +84,11 @@ def build_configs(params: Params) -> list[RunConfig]:
         for n in (0, *sw.in_flight):
             seen.add(RunConfig("ugsd", lang, d.gate, default_thr, d.block_len, in_flight=n, **base))
         configs += sorted(seen, key=lambda c: (c.gate, c.threshold or 0.0, c.block_len or 99, c.in_flight))
+        if sw.qs_levels:  # every block verified: the rules differ only in what travels and what is accepted
+            t = sw.qs_temperature
+            configs.append(RunConfig("ugsd", lang, "always", None, d.block_len or 5, "spec_sampling", temperature=t))
+            configs += [RunConfig("ugsd", lang, "always", None, d.block_len or 5, "qs", temperature=t, level=lv)
+                        for lv in sw.qs_levels]
     return configs
 
 
@@ -143,7 +159,13 @@ def caption_one(job: tuple[dict, str]) -> dict:
             decode = dataclasses.replace(params.decode, gate="never" if learned else cfg.gate,
                                          threshold=cfg.threshold or 0.0, block_len=cfg.block_len, rule=cfg.rule,
                                          rank=max(cfg.rank, 1), in_flight=cfg.in_flight)
-            settings = settings_from_params(decode, max_new, params.seed)
+            if cfg.temperature is not None:
+                decode = dataclasses.replace(decode, temperature=cfg.temperature)
+            settings = settings_from_params(decode, max_new, params.seed, qs_level=cfg.level or params.qs.level)
+            if cfg.level == 0:  # Q-S with L and level chosen per round from the channel and the acceptance
+                from ..decoding.qs import QSAdaptive
+                settings.policy = QSAdaptive(settings.rule, link, _W["edge"].vocab_size, params.qs.levels,
+                                             params.qs.l_max)
             if learned:
                 settings.gate = load_gate(params, cfg.gate, cfg.threshold, cache=_W.setdefault("gates", {}))
             rec = speculative(_W["edge"], _W["cloud"], mel, cfg.language, settings, link)

@@ -109,8 +109,10 @@ class RemoteCloud:
             self._open(link)
         sync = committed[self.synced:]
         packet = packets.verify_packet(self.sid, self.seq + 1, sync, block.tokens, bits)
-        if self.s.rule.needs_q:
-            packet += packets.q_payload(block.q, self.q_dtype)
+        rule = self.s.rule
+        if rule.needs_q:  # Q-S: its sparse lattice; speculative sampling: dense rows in the wire dtype
+            packet += rule.q_payload(block.q) if rule.edge_distribution is not None else packets.q_payload(
+                block.q, self.q_dtype)
         ex = self._send(link, "verify", packet, lambda: self.client.verify(self.sid, packet))
         self.rec.network["verify_rtts"].append(ex.seconds)
         self.seq += 1

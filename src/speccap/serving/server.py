@@ -221,12 +221,17 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
             if bad:
                 raise ServingError(422, f"token id {bad[0]} is outside the model's vocabulary of {vocab}")
             q = None
-            if session.cloud.rule.needs_q:
+            rule = session.cloud.rule
+            if rule.needs_q:
                 try:
-                    rows = packets.parse_q(tail, len(draft), vocab, session.q_dtype)
+                    if rule.edge_distribution is not None:  # qs / sq: the sparse lattice points
+                        from ..decoding.qs import unpack_block
+                        rule.level, q = unpack_block(tail, len(draft), vocab)
+                    else:
+                        q = [torch.from_numpy(r).float() for r in packets.parse_q(tail, len(draft), vocab,
+                                                                                   session.q_dtype)]
                 except packets.PacketError as exc:
                     raise ServingError(422, f"{exc} (is the edge's vocabulary the cloud's?)") from None
-                q = [torch.from_numpy(r).float() for r in rows]
             elif tail:
                 raise ServingError(400, f"{len(tail)} unexpected bytes after the token ids")
             t0 = time.perf_counter()
