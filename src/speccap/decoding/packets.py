@@ -14,6 +14,8 @@ dense rows of V probabilities in the session's q dtype (V: the shared vocabulary
 block's lattice level and each token's sparse lattice point (decoding/qs.py).
 An OPEN packet starts a networked session (speccap.serving): the verification settings the cloud
 needs to run the same rule as the in-process loop, then the clip's features.
+  HIDDEN     body: n u16 | d u16 | n positions u16 | n x d float16 (edge hidden states, for WISV)
+  MISMATCH   body: n u16 | n positions u16 (the cloud asks for the hidden states at these draft positions)
 A PIPELINED packet is a VERIFY sent while earlier blocks are still being verified: `epoch` counts
 the rejections the edge has heard of (the cloud drops a block whose epoch is behind its own count:
 it was drafted on top of a rejected token) and `guess` is the edge's token after the draft, which
@@ -32,7 +34,7 @@ import numpy as np
 
 MAGIC = b"SC"
 VERSION = 1
-FEATURES, VERIFY, VERDICT, PIPELINED, OPEN = 1, 2, 3, 4, 5
+FEATURES, VERIFY, VERDICT, PIPELINED, OPEN, HIDDEN, MISMATCH = 1, 2, 3, 4, 5, 6, 7
 _HEADER = struct.Struct("<2sBBII")
 _FEATURES = struct.Struct("<HIBB")
 _VERIFY = struct.Struct("<BHH")
@@ -236,6 +238,43 @@ def parse_pipelined(data: bytes) -> tuple[int, int, int, list[int], list[int], i
     bits, epoch, n_sync, n_draft, has = _PIPELINED.unpack_from(data, _HEADER.size)
     ids = unpack_ids(data[_HEADER.size + _PIPELINED.size:], n_sync + n_draft + int(has), bits)
     return session, seq, epoch, ids[:n_sync], ids[n_sync:n_sync + n_draft], (ids[-1] if has else None)
+
+
+def hidden_packet(session: int, seq: int, positions: list[int], hidden: np.ndarray) -> bytes:
+    """Edge hidden states (n, d) at draft `positions`, float16."""
+    h = np.ascontiguousarray(hidden, dtype=np.float16)
+    if h.ndim != 2 or h.shape[0] != len(positions):
+        raise PacketError(f"hidden states must be (len(positions), d), got {h.shape} for {len(positions)} positions")
+    return (_header(HIDDEN, session, seq) + struct.pack("<HH", h.shape[0], h.shape[1])
+            + np.asarray(positions, dtype="<u2").tobytes() + h.tobytes())
+
+
+def parse_hidden(data: bytes) -> tuple[int, int, list[int], np.ndarray]:
+    kind, session, seq = parse_header(data)
+    if kind != HIDDEN:
+        raise PacketError(f"expected a HIDDEN packet, got kind {kind}")
+    n, d = struct.unpack_from("<HH", data, _HEADER.size)
+    start = _HEADER.size + 4
+    if len(data) != start + 2 * n + 2 * n * d:
+        raise PacketError(f"HIDDEN packet of {len(data)} bytes does not hold {n} x {d} float16 states")
+    pos = np.frombuffer(data, dtype="<u2", count=n, offset=start).tolist()
+    h = np.frombuffer(data, dtype=np.float16, offset=start + 2 * n).reshape(n, d)
+    return session, seq, pos, h
+
+
+def mismatch_packet(session: int, seq: int, positions: list[int]) -> bytes:
+    return _header(MISMATCH, session, seq) + struct.pack("<H", len(positions)) + np.asarray(
+        positions, dtype="<u2").tobytes()
+
+
+def parse_mismatch(data: bytes) -> tuple[int, int, list[int]]:
+    kind, session, seq = parse_header(data)
+    if kind != MISMATCH:
+        raise PacketError(f"expected a MISMATCH packet, got kind {kind}")
+    (n,) = struct.unpack_from("<H", data, _HEADER.size)
+    if len(data) != _HEADER.size + 2 + 2 * n:
+        raise PacketError(f"MISMATCH packet of {len(data)} bytes does not hold {n} positions")
+    return session, seq, np.frombuffer(data, dtype="<u2", count=n, offset=_HEADER.size + 2).tolist()
 
 
 @dataclass

@@ -1,0 +1,163 @@
+"""WISV's training side: channel state, CSI-aware relabeling of critical mismatches, the decision head.
+
+WISV tolerates a mismatch (the cloud's argmax differs from the draft) when a head, reading the
+edge's and the cloud's last hidden states and the channel state (CSI), says a repair is not worth a
+round. Its labels come from the traces' critical mismatches (the draft token costs quality), made
+CSI-aware: on a poor channel fewer repairs are affordable, so some critical mismatches are relabeled
+as tolerable, the least important first.
+
+- smoothed importance of mismatch m: s_m = sum over mismatches m' of c_m' * kappa^|m - m'|
+  (c: 1 if critical; positions in the caption), so clustered critical mismatches weigh more;
+- channel quality q in [0, 1] from the CSI (uplink/downlink rate, RTT, packet error rate);
+- repair budget B(q) = b_min + (b_max - b_min) q: the share of critical mismatches to repair;
+- Lagrangian rule: repair where s_m > lambda (maximizes repaired importance under the budget); its
+  entropy-regularized policy P(repair) = sigmoid((s_m - lambda) / T), drawn per critical mismatch,
+  with lambda set so that the expected repaired share of the episode's critical mismatches is B;
+- labels only relax: a critical mismatch may become tolerable, a tolerable one never critical;
+- several CSI draws per episode, so the head sees each caption under several channels.
+
+What is NOT built yet (issue 7): the `wisv` verification rule in the engine, the hidden-state
+traces it trains on, and its evaluation. This module and decoding/wisv_upload.py are the parts
+that are: the relabeling policy, the head and its training, the two upload protocols' bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class CSI:
+    uplink_mbps: float
+    downlink_mbps: float
+    rtt_ms: float
+    per: float = 0.0  # packet error rate
+
+    def __post_init__(self):
+        if self.uplink_mbps <= 0 or self.downlink_mbps <= 0 or self.rtt_ms < 0 or not 0 <= self.per < 1:
+            raise ValueError(f"bad channel state {self}")
+
+    def vector(self) -> np.ndarray:
+        """The head's CSI input, scaled to about unit range."""
+        return np.array([math.log10(self.uplink_mbps), math.log10(self.downlink_mbps), self.rtt_ms / 100.0,
+                         10.0 * self.per], dtype=np.float32)
+
+
+def channel_quality(csi: CSI, rate_lo: float = 0.1, rate_hi: float = 1000.0, rtt_scale_ms: float = 200.0) -> float:
+    """A scalar in [0, 1]: the uplink rate on a log scale between rate_lo and rate_hi Mbps,
+    discounted by RTT and loss. Increasing in the rates, decreasing in RTT and loss."""
+    up = (math.log10(csi.uplink_mbps) - math.log10(rate_lo)) / (math.log10(rate_hi) - math.log10(rate_lo))
+    down = (math.log10(csi.downlink_mbps) - math.log10(rate_lo)) / (math.log10(rate_hi) - math.log10(rate_lo))
+    rate = min(max(0.75 * up + 0.25 * down, 0.0), 1.0)
+    return rate * math.exp(-csi.rtt_ms / rtt_scale_ms) * (1.0 - csi.per)
+
+
+def repair_budget(quality: float, b_min: float = 0.2, b_max: float = 1.0) -> float:
+    if not 0 <= b_min <= b_max <= 1:
+        raise ValueError("need 0 <= b_min <= b_max <= 1")
+    return b_min + (b_max - b_min) * min(max(quality, 0.0), 1.0)
+
+
+def smoothed_importance(positions, critical, kappa: float = 0.5) -> np.ndarray:
+    """s_m = sum_m' c_m' kappa^|pos_m - pos_m'| over one episode's mismatches."""
+    pos = np.asarray(positions, dtype=np.float64)
+    c = np.asarray(critical, dtype=np.float64)
+    if pos.shape != c.shape:
+        raise ValueError("positions and critical flags must have the same length")
+    if not 0 <= kappa < 1:
+        raise ValueError(f"kappa must be in [0, 1), got {kappa}")
+    return (kappa ** np.abs(pos[:, None] - pos[None, :]) * c[None, :]).sum(axis=1)
+
+
+def repair_threshold(s_critical: np.ndarray, budget: float, temperature: float = 0.1) -> float:
+    """lambda such that the policy sigmoid((s - lambda) / T) repairs, in expectation, the `budget`
+    share of these critical mismatches (the Lagrange multiplier of the budget constraint; as T -> 0
+    the top-`budget` share by importance). Found by bisection: the expected share falls with lambda."""
+    s = np.asarray(s_critical, dtype=np.float64)
+    if len(s) == 0:
+        return math.inf
+    if budget >= 1:
+        return -math.inf
+    if budget <= 0:
+        return math.inf
+    t = max(temperature, 1e-9)
+    lo, hi = float(s.min()) - 50 * t, float(s.max()) + 50 * t
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if repair_probability(s, mid, t).mean() > budget:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def repair_probability(s, lam: float, temperature: float = 0.1) -> np.ndarray:
+    """sigmoid((s - lambda) / T); T -> 0 is the hard Lagrangian rule."""
+    s = np.asarray(s, dtype=np.float64)
+    if math.isinf(lam):
+        return np.full_like(s, 0.0 if lam > 0 else 1.0)
+    return 1.0 / (1.0 + np.exp(-(s - lam) / max(temperature, 1e-9)))
+
+
+def relabel(positions, critical, csi: CSI, rng: np.random.Generator, kappa: float = 0.5, temperature: float = 0.1,
+            b_min: float = 0.2, b_max: float = 1.0) -> np.ndarray:
+    """One episode's labels under one channel: 1 = repair (reject the draft), 0 = tolerate."""
+    c = np.asarray(critical, dtype=bool)
+    s = smoothed_importance(positions, c, kappa)
+    lam = repair_threshold(s[c], repair_budget(channel_quality(csi), b_min, b_max), temperature)
+    keep = rng.random(len(c)) < repair_probability(s, lam, temperature)
+    return (c & keep).astype(np.int64)  # labels only relax
+
+
+def draw_csi(rng: np.random.Generator, n: int) -> list[CSI]:
+    """Channels for training: rates log-uniform 0.2-1000 Mbps (downlink >= uplink), RTT 1-200 ms,
+    loss 0-5%."""
+    out = []
+    for _ in range(n):
+        up = 10 ** rng.uniform(math.log10(0.2), 3)
+        out.append(CSI(up, up * 10 ** rng.uniform(0, 1), 10 ** rng.uniform(0, math.log10(200)),
+                       rng.uniform(0, 0.05)))
+    return out
+
+
+class DecisionHead(nn.Module):
+    """P(reject) from [edge hidden, cloud hidden, CSI]: 2 layers, ReLU, dropout, sigmoid."""
+
+    def __init__(self, d_edge: int, d_cloud: int, d_csi: int = 4, hidden: int = 64, dropout: float = 0.1):
+        super().__init__()
+        self.dims = (d_edge, d_cloud, d_csi)
+        self.net = nn.Sequential(nn.Linear(d_edge + d_cloud + d_csi, hidden), nn.ReLU(), nn.Dropout(dropout),
+                                 nn.Linear(hidden, 1))
+
+    def forward(self, h_edge: torch.Tensor, h_cloud: torch.Tensor, csi: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.net(torch.cat([h_edge, h_cloud, csi], dim=-1))).squeeze(-1)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).squeeze(-1)
+
+
+def train_head(h_edge: np.ndarray, h_cloud: np.ndarray, csi: np.ndarray, labels: np.ndarray, epochs: int = 200,
+               lr: float = 1e-2, hidden: int = 64, seed: int = 0) -> DecisionHead:
+    """BCE with class balancing (positives weighted by negatives / positives), full batch, Adam."""
+    torch.manual_seed(seed)
+    x = torch.from_numpy(np.concatenate([h_edge, h_cloud, csi], axis=1).astype(np.float32))
+    y = torch.from_numpy(np.asarray(labels, dtype=np.float32))
+    pos = float(y.sum())
+    if pos == 0 or pos == len(y):
+        raise ValueError("the head needs both repaired and tolerated mismatches to learn from")
+    head = DecisionHead(h_edge.shape[1], h_cloud.shape[1], csi.shape[1], hidden)
+    loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor((len(y) - pos) / pos))
+    opt = torch.optim.Adam(head.parameters(), lr=lr)
+    head.train()
+    for _ in range(epochs):
+        opt.zero_grad()
+        loss = loss_fn(head.logits(x), y)
+        loss.backward()
+        opt.step()
+    head.eval()
+    return head

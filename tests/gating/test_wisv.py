@@ -1,0 +1,75 @@
+import numpy as np
+import pytest
+import torch
+
+from speccap.gating.wisv import (CSI, channel_quality, draw_csi, relabel, repair_budget, repair_probability,
+                                 repair_threshold, smoothed_importance, train_head)
+
+
+def test_smoothed_importance_formula():
+    pos, crit = [2, 3, 10], [1, 0, 1]
+    s = smoothed_importance(pos, crit, kappa=0.5)
+    assert s == pytest.approx([1 + 0.5 ** 8, 0.5 + 0.5 ** 7, 0.5 ** 8 + 1])
+    assert smoothed_importance(pos, [0, 0, 0]).tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match="kappa"):
+        smoothed_importance(pos, crit, kappa=1.0)
+
+
+def test_channel_quality_is_monotone():
+    base = CSI(20.0, 100.0, 20.0, 0.01)
+    q = channel_quality(base)
+    assert 0 < q < 1
+    assert channel_quality(CSI(200.0, 100.0, 20.0, 0.01)) > q  # faster uplink
+    assert channel_quality(CSI(20.0, 500.0, 20.0, 0.01)) > q  # faster downlink
+    assert channel_quality(CSI(20.0, 100.0, 80.0, 0.01)) < q  # longer RTT
+    assert channel_quality(CSI(20.0, 100.0, 20.0, 0.05)) < q  # more loss
+    assert repair_budget(0.0) == 0.2 and repair_budget(1.0) == 1.0
+    with pytest.raises(ValueError):
+        CSI(0.0, 1.0, 1.0)
+
+
+def test_relabeling_only_relaxes_and_repairs_more_on_better_channels():
+    rng = np.random.default_rng(0)
+    episodes = []
+    for _ in range(300):  # mismatch positions and critical flags of many captions
+        n = rng.integers(2, 12)
+        episodes.append((np.sort(rng.choice(60, n, replace=False)), rng.random(n) < 0.4))
+    channels = [CSI(0.35, 1.0, 150.0, 0.03), CSI(4.0, 20.0, 50.0, 0.01), CSI(100.0, 500.0, 5.0, 0.0)]
+    quality = [channel_quality(c) for c in channels]
+    assert quality == sorted(quality)
+    kept = []
+    for csi in channels:
+        n_kept = n_crit = 0
+        for pos, crit in episodes:
+            labels = relabel(pos, crit, csi, rng)
+            assert not (labels.astype(bool) & ~crit).any()  # a tolerable mismatch never becomes critical
+            n_kept += labels.sum()
+            n_crit += crit.sum()
+        kept.append(n_kept / n_crit)
+    assert kept[0] < kept[1] < kept[2] <= 1.0  # more repairs as the channel improves
+    for share, q in zip(kept, quality):  # and about the budget the channel affords
+        assert share == pytest.approx(repair_budget(q), abs=0.05)
+    # the hard rule (T -> 0) repairs exactly the most important mismatches
+    s = np.array([0.1, 0.5, 0.9, 1.3])
+    lam = repair_threshold(s, 0.5, 1e-6)
+    assert (repair_probability(s, lam, 1e-6) > 0.5).tolist() == [False, False, True, True]
+
+
+def test_head_learns_on_a_tiny_trace_set():
+    rng = np.random.default_rng(1)
+    n, d = 400, 8
+    h_edge, h_cloud = rng.standard_normal((n, d)), rng.standard_normal((n, d))
+    csis = draw_csi(rng, n)
+    csi = np.stack([c.vector() for c in csis])
+    # labels: a mismatch is repaired when the two states disagree along one direction AND the channel is good
+    disagree = (h_edge[:, 0] - h_cloud[:, 0]) > 0
+    good = np.array([channel_quality(c) for c in csis]) > 0.3
+    labels = (disagree & good).astype(int)
+    head = train_head(h_edge[:300], h_cloud[:300], csi[:300], labels[:300], epochs=300)
+    with torch.no_grad():
+        p = head(torch.tensor(h_edge[300:], dtype=torch.float32), torch.tensor(h_cloud[300:], dtype=torch.float32),
+                 torch.tensor(csi[300:]))
+    from sklearn.metrics import roc_auc_score
+    assert roc_auc_score(labels[300:], p.numpy()) > 0.9
+    with pytest.raises(ValueError, match="both"):
+        train_head(h_edge[:10], h_cloud[:10], csi[:10], np.zeros(10))
