@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
+from common import mean, models_and_test_clips
 from speccap.config import load_params
-from speccap.data.featurize import load_clip_features
-from speccap.data.manifest import manifest_path, read_manifest
 from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, settings_from_params, speculative
 from speccap.decoding.gates import make_gate
 from speccap.config import LinkConfig
@@ -32,27 +29,15 @@ from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.verify import make_rule
 from speccap.metrics.caption import score_captions
-from speccap.models.base import shared_vocab
-from speccap.models.loading import load_role
 
 NO_LINK = LinkConfig(name="none", uplink_mbps=1e9, downlink_mbps=1e9, rtt_ms=0.0, overhead_bytes=0)
 
 
-def mean(xs):
-    return statistics.fmean(xs) if xs else 0.0
-
-
 def run(params_path, n_clips: int, out: Path, threads: int) -> dict:
     params = load_params(params_path)
-    torch.set_num_threads(threads)
-    edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
-    shared_vocab(edge, cloud)
+    edge, cloud, clips = models_and_test_clips(params, n_clips, threads)
     max_new = params.models.max_new_tokens
     ugsd = settings_from_params(params.decode, max_new)
-    clips = []
-    for lang in params.data.languages:
-        for rec in read_manifest(manifest_path(params.data.processed_dir, "test", lang))[:n_clips]:
-            clips.append((rec, lang, load_clip_features(params.data.processed_dir, rec["id"])[0]))
     runs = {k: [] for k in ("edge", "cloud", "ugsd", "ugsd_nocache", "self_spec", "cloud_plain")}
     for rec, lang, mel in tqdm(clips, desc="decode", unit="clip"):
         link = lambda: Link(params.link, seed=0)  # noqa: E731 - a fresh channel per run

@@ -24,21 +24,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
+from common import mean, models_and_test_clips
 from speccap.config import LinkConfig, MarkovParams, load_params
-from speccap.data.featurize import load_clip_features
-from speccap.data.manifest import manifest_path, read_manifest
 from speccap.decoding.engine import cloud_only, edge_only, settings_from_params, speculative
 from speccap.decoding.link import Link
 from speccap.metrics.caption import score_captions
-from speccap.models.base import shared_vocab
-from speccap.models.loading import load_role
 
 PAPER_EDGE_OTPS, PAPER_CLOUD_OTPS = 2.10, 24.16  # seed 000, Table 2: Edge (3B), Cloud (7B)
 
@@ -49,20 +44,10 @@ def channels(base: LinkConfig) -> dict[str, LinkConfig]:
     return out
 
 
-def mean(xs):
-    return statistics.fmean(xs) if xs else 0.0
-
-
 def run(params_path, n_clips: int, in_flight: list[int], out: Path, threads: int) -> dict:
     params = load_params(params_path)
-    torch.set_num_threads(threads)
-    edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
-    shared_vocab(edge, cloud)
+    edge, cloud, clips = models_and_test_clips(params, n_clips, threads)
     max_new = params.models.max_new_tokens
-    clips = []
-    for lang in params.data.languages:
-        for rec in read_manifest(manifest_path(params.data.processed_dir, "test", lang))[:n_clips]:
-            clips.append((rec, lang, load_clip_features(params.data.processed_dir, rec["id"])[0]))
     margins = sorted(params.sweep.gates.get("margin", (0.3,)))
     gates = {"entropy": params.decode.threshold, "margin": margins[len(margins) // 2]}
     if params.decode.gate not in ("entropy", "margin"):

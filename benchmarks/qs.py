@@ -20,16 +20,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
+from common import mean, models_and_test_clips
 from speccap.config import LinkConfig, MarkovParams, load_params
-from speccap.data.featurize import load_clip_features
-from speccap.data.manifest import manifest_path, read_manifest
 from speccap.decoding.engine import SpecSettings, cloud_only, speculative
 from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
@@ -38,7 +35,6 @@ from speccap.decoding.qs import QSAdaptive
 from speccap.decoding.verify import make_rule
 from speccap.metrics.caption import score_captions
 from speccap.models.base import shared_vocab
-from speccap.models.loading import load_role
 
 
 def modes(params):
@@ -62,21 +58,12 @@ def channels(base: LinkConfig) -> dict[str, LinkConfig]:
             "20 Mbps": dataclasses.replace(base, name="20mbps", uplink_mbps=20.0, downlink_mbps=100.0, rtt_ms=50.0)}
 
 
-def mean(xs):
-    return statistics.fmean(xs) if xs else 0.0
-
-
 def run(params_path, n_clips: int, temperature: float, out: Path) -> dict:
     params = load_params(params_path)
-    torch.set_num_threads(2)
-    edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
+    edge, cloud, clips = models_and_test_clips(params, n_clips, 2)
     vocab = shared_vocab(edge, cloud)
     max_new = params.models.max_new_tokens
-    clips = []
-    for lang in params.data.languages:
-        for rec in read_manifest(manifest_path(params.data.processed_dir, "test", lang))[:n_clips]:
-            clips.append((rec, lang, load_clip_features(params.data.processed_dir, rec["id"])[0]))
-    rows, curves = [], {}
+    rows = []
     for ch_name, ch in channels(params.link).items():
         recs = {m: [] for m in modes(params)}
         for i, (rec, lang, mel) in enumerate(tqdm(clips, desc=ch_name, unit="clip")):
@@ -103,7 +90,6 @@ def run(params_path, n_clips: int, temperature: float, out: Path) -> dict:
                          "verify_up_s": up_s, "tokens": mean([x["tokens"] for x in ms]),
                          "bleu1": mean([q["bleu1"] for q in quality.values()]),
                          "meteor": mean([q["meteor"] for q in quality.values()])})
-            curves.setdefault(ch_name, {})[m] = rows[-1]["tokens_per_s"]
     # the noise floor: the cloud alone, sampling at the same temperature with three seeds (what every
     # lossless rule reproduces in distribution)
     noise = []

@@ -31,24 +31,19 @@ import secrets
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
+from common import mean, models_and_test_clips
 from speccap.config import LinkConfig, load_params
-from speccap.data.featurize import load_clip_features
-from speccap.data.manifest import manifest_path, read_manifest
 from speccap.decoding.engine import settings_from_params, speculative
 from speccap.decoding.link import Link
-from speccap.models.base import shared_vocab
-from speccap.models.loading import load_role
-from speccap.serving.client import CloudUnavailable, VerifierClient
+from speccap.serving.client import VerifierClient, wait_until_up
 from speccap.serving.edge import caption_remote, check_compatible
 from speccap.serving.load import run_load
 
@@ -75,17 +70,10 @@ class Server:
         self.log = open(f"/tmp/speccap-serve-{self.port}.log", "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=os.environ | {"SPECCAP_TOKEN": token})
-        probe = VerifierClient(self.url, token, timeout=2, retries=0)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                probe.health()
-                break
-            except CloudUnavailable:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"verifier did not start; see {self.log.name}")
-                time.sleep(0.3)
-        probe.close()
+        try:
+            wait_until_up(self.url, token, 120, alive=lambda: self.proc.poll() is None)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; see {self.log.name}") from None
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
@@ -101,13 +89,9 @@ class Server:
         self.log.close()
 
 
-def mean(xs):
-    return statistics.fmean(xs) if xs else 0.0
-
-
 def section_equivalence(edge, cloud, clips, make_settings, link_cfg, client, info) -> dict:
     rows = {"float32": [], "float16": []}
-    for i, (cid, lang, mel) in enumerate(tqdm(clips, desc="equivalence", unit="clip")):
+    for i, (_, lang, mel) in enumerate(tqdm(clips, desc="equivalence", unit="clip")):
         ref = speculative(edge, cloud, mel, lang, make_settings(), Link(link_cfg, seed=i))
         for dtype, out in rows.items():
             got = caption_remote(edge, client, info, mel, lang, make_settings(), Link(link_cfg, seed=i), dtype, dtype)
@@ -156,7 +140,7 @@ def section_faults(params_path, token, edge, jobs, make_settings, link_cfg) -> d
     srv = Server(params_path, token, idle_seconds=2.0)
     from speccap.decoding import packets
     with VerifierClient(srv.url, token) as c:
-        for cid, (mel, lang) in enumerate(jobs[:8]):
+        for mel, lang in jobs[:8]:
             c.open(packets.open_packet(mel, lang, "greedy"))
         opened = c.health()["sessions"]
         t = time.perf_counter()
@@ -186,7 +170,7 @@ def section_shaped(params_path, token, edge, clips, make_settings, info_check) -
         with VerifierClient(srv.url, token, timeout=30) as c:
             info = c.info()
             info_check(info)
-            for i, (cid, lang, mel) in enumerate(tqdm(clips, desc="shaped link", unit="clip")):
+            for i, (_, lang, mel) in enumerate(tqdm(clips, desc="shaped link", unit="clip")):
                 rec = caption_remote(edge, c, info, mel, lang, make_settings(), Link(link_cfg, seed=i))
                 n = rec.network
                 # the link model charged the packets' bytes; HTTP adds headers, TCP/IP adds ~52 B a segment
@@ -204,14 +188,8 @@ def section_shaped(params_path, token, edge, clips, make_settings, info_check) -
 
 def run(params_path, n_clips, clients, per_client, out: Path) -> dict:
     params = load_params(params_path)
-    torch.set_num_threads(1)
-    edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
-    shared_vocab(edge, cloud)
+    edge, cloud, clips = models_and_test_clips(params, n_clips, 1)
     max_new = params.models.max_new_tokens
-    clips = []
-    for lang in params.data.languages:
-        for rec in read_manifest(manifest_path(params.data.processed_dir, "test", lang))[:n_clips]:
-            clips.append((rec["id"], lang, load_clip_features(params.data.processed_dir, rec["id"])[0]))
     decode = dataclasses.replace(params.decode, in_flight=0)
 
     def make_settings():

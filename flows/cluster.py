@@ -65,10 +65,9 @@ def task_runner(params: Params):
 def config_on_worker(cfg: RunConfig, key: str, clips: list[dict], runs_dir: str, params_path: str,
                      threads: int) -> dict:
     # in the worker: models stay loaded across tasks; a retry resumes from the records on disk
-    from speccap.pipeline.sweep import _W
-    ensure_models(params_path, threads)
+    loads = ensure_models(params_path, threads)
     records = run_config(cfg, clips, Loaded(), Path(runs_dir) / f"{key}.jsonl")
-    worker = {"host": os.uname().nodename, "pid": os.getpid(), "model_loads": _W["loads"]}
+    worker = {"host": os.uname().nodename, "pid": os.getpid(), "model_loads": loads}
     return {"metrics": summarize(cfg, records, clips), "worker": worker}
 
 

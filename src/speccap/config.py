@@ -404,9 +404,9 @@ def _dotted(overrides: dict) -> dict:
     return out
 
 
-def params_from_dict(raw: dict, overrides: dict | None = None) -> Params:
-    """Params from a params.yaml mapping: the profile applied, then `overrides` (dotted keys, e.g.
-    from a Prefect deployment's parameters), validated like the file itself."""
+def _resolved_raw(raw: dict, overrides: dict | None) -> dict:
+    """The params mapping as a run sees it: its profile merged in (`profiles:` dropped), then the
+    dotted `overrides` (which may name the profile themselves)."""
     raw = dict(raw or {})
     profiles = raw.pop("profiles", {}) or {}
     profile = (overrides or {}).get("profile", raw.get("profile", "default"))
@@ -414,9 +414,13 @@ def params_from_dict(raw: dict, overrides: dict | None = None) -> Params:
         if profile not in profiles:
             raise ConfigError(f"params key profile: {profile!r} has no block under profiles: (have {sorted(profiles)})")
         raw = _merge(raw, profiles[profile])
-    if overrides:
-        raw = _merge(raw, _dotted(overrides))
-    params = _build(Params, raw, "")
+    return _merge(raw, _dotted(overrides)) if overrides else raw
+
+
+def params_from_dict(raw: dict, overrides: dict | None = None) -> Params:
+    """Params from a params.yaml mapping: the profile applied, then `overrides` (dotted keys, e.g.
+    from a Prefect deployment's parameters), validated like the file itself."""
+    params = _build(Params, _resolved_raw(raw, overrides), "")
     _validate(params)
     return params
 
@@ -445,14 +449,9 @@ def materialize(path: str | os.PathLike | None, overrides: dict | None, out_dir:
     src = Path(path or os.environ.get(PARAMS_ENV, "params.yaml"))
     if not overrides:
         return str(src)
-    load_params(src, overrides)  # fails here, naming the key, before anything starts
-    raw = yaml.safe_load(src.read_text(encoding="utf-8")) or {}
-    profiles = raw.pop("profiles", {}) or {}
-    profile = overrides.get("profile", raw.get("profile", "default"))
-    if profile != "default":
-        raw = _merge(raw, profiles[profile])
-    raw = _merge(raw, _dotted({k: v for k, v in overrides.items() if k != "profile"}))
-    raw["profile"] = "default"
+    load_params(src, overrides)  # fails here, naming the file and the key, before anything starts
+    raw = _resolved_raw(yaml.safe_load(src.read_text(encoding="utf-8")) or {}, overrides)
+    raw["profile"] = "default"  # already merged in; the written file has no profiles to pick from
     text = yaml.safe_dump(raw, sort_keys=True, allow_unicode=True)
     out = Path(out_dir) / f"params-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,6 @@
 """Sweeps on a Dask cluster: a real LocalCluster with two worker processes, and the Slurm job script."""
 
 import json
-import shutil
 
 import yaml
 

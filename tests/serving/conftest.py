@@ -1,6 +1,5 @@
 import socket
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -12,7 +11,8 @@ from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed, UGSDAdaptive
 from speccap.decoding.verify import make_rule
-from speccap.serving.client import CloudUnavailable, VerifierClient
+from speccap.serving.client import VerifierClient
+from speccap.serving.client import wait_until_up as client_wait
 from speccap.serving.server import BackgroundServer, create_app
 from speccap.serving.sessions import Limits
 
@@ -84,18 +84,12 @@ def free_port() -> int:
 
 
 def wait_until_up(proc: subprocess.Popen, url: str, token: str = TOKEN, seconds: float = 90) -> None:
-    """Poll a verifier subprocess until it answers; an error (and no orphan) when it dies or stalls."""
-    with VerifierClient(url, token, timeout=2, retries=0) as probe:
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                probe.health()
-                return
-            except CloudUnavailable:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    proc.kill()
-                    raise RuntimeError(f"verifier subprocess at {url} did not come up")
-                time.sleep(0.2)
+    """Wait for a verifier subprocess; an error (and no orphan) when it dies or stalls."""
+    try:
+        client_wait(url, token, seconds, alive=lambda: proc.poll() is None)
+    except RuntimeError:
+        proc.kill()
+        raise
 
 
 __all__ = ["TOKEN", "MAX", "settings", "link", "Fixed", "UGSDAdaptive"]

@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from speccap.decoding.engine import edge_only, speculative
 from speccap.decoding.gates import Gate

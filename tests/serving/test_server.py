@@ -4,7 +4,6 @@ import socket
 import time
 
 import httpx
-import numpy as np
 import pytest
 
 from speccap.decoding import packets

@@ -413,8 +413,7 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
             if not rec.ttft:
                 rec.ttft = clock.virtual
             policy.update(len(block), verdict.accepted, escalated=True, corrected=verdict.corrected)
-            if hasattr(policy, "observe"):  # policies that plan with measured compute times
-                policy.observe(rec)
+            policy.observe(rec)
     if keep_sessions:
         rec.sessions = (ed.sess, cl.sess)
     return _finish(rec, edge, committed[: settings.max_new_tokens], clock, wall0, mon)

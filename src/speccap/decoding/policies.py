@@ -15,6 +15,10 @@ class LengthPolicy(ABC):
     def update(self, drafted: int, accepted: int, escalated: bool, corrected: bool) -> None:
         """Told after each block what became of it."""
 
+    def observe(self, rec) -> None:
+        """Told after each verification the caption's record so far (for policies that plan
+        with measured compute times)."""
+
     def describe(self) -> dict:
         return {"policy": self.name}
 

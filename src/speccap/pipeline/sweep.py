@@ -174,15 +174,16 @@ def caption_one(job: tuple[dict, str]) -> dict:
         return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
-def ensure_models(params_path: str | None, threads: int) -> None:
+def ensure_models(params_path: str | None, threads: int) -> int:
     """Load the models into this process unless the same ones are loaded already: a Dask worker
     runs many configurations and keeps its models between them (reloaded when the params file or
-    the weights change)."""
+    the weights change). Returns how often this process has loaded models."""
     key = (str(params_path), models_fingerprint(load_params(params_path)), threads)
     if _W.get("key") != key:
         _init_worker(params_path, threads)
         _W["key"] = key
-        _W["loads"] = _W.get("loads", 0) + 1  # how often this process loaded models (reported per task)
+        _W["loads"] = _W.get("loads", 0) + 1
+    return _W["loads"]
 
 
 class Loaded:

@@ -131,6 +131,21 @@ class VerifierClient:
             return False
 
 
+def wait_until_up(url: str, token: str, seconds: float = 90.0, alive=lambda: True, cafile: str | None = None) -> None:
+    """Poll the server's health until it answers; RuntimeError when `alive()` turns False (the
+    server process died) or `seconds` pass. For scripts and tests that start a server themselves."""
+    with VerifierClient(url, token, timeout=2, retries=0, cafile=cafile) as probe:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                probe.health()
+                return
+            except CloudUnavailable:
+                if not alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"verifier at {url} did not come up") from None
+                time.sleep(0.2)
+
+
 def _json(ex: Exchange) -> dict:
     import json
     return json.loads(ex.body)

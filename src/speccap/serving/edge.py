@@ -49,13 +49,19 @@ class RemoteCloud:
         rec.network = new_network_stats()
 
     # ---- the exchange and its books ----
-    def _send(self, link: Link, kind: str, packet: bytes, call) -> object:
-        net = self.rec.network
-        predicted = _account(self.rec, link, "up", kind, packet)
+    def _packet(self, link: Link, direction: str, kind: str, packet: bytes) -> None:
+        """Book one packet on the link model (the prediction next to the measurement); with
+        `emulate`, also wait that long, as if the link were that slow."""
+        predicted = _account(self.rec, link, direction, kind, packet)
+        self.rec.network["link_model_time"] += predicted
         if self.emulate:
             time.sleep(predicted)
-        result = call()
-        ex = result[1] if isinstance(result, tuple) else result
+            self.clock.virtual += predicted
+            self.rec.link_time += predicted
+
+    def _book(self, ex) -> None:
+        """What one request/response measured."""
+        net = self.rec.network
         net["requests"] += 1
         net["net_rtt"] += ex.seconds
         net["net_time"] += max(ex.seconds - ex.compute - ex.queue, 0.0)
@@ -63,25 +69,17 @@ class RemoteCloud:
         net["server_queue"] += ex.queue
         net["http_bytes_up"] += ex.bytes_up
         net["http_bytes_down"] += ex.bytes_down
-        net["link_model_time"] += predicted
         self.rec.cloud_compute += ex.compute
-        self.rec.link_time += max(ex.seconds - ex.compute, 0.0) + (predicted if self.emulate else 0.0)
-        self.clock.virtual += ex.seconds + (predicted if self.emulate else 0.0)
-        return result
-
-    def _down(self, link: Link, kind: str, packet: bytes) -> None:
-        predicted = _account(self.rec, link, "down", kind, packet)
-        self.rec.network["link_model_time"] += predicted
-        if self.emulate:
-            time.sleep(predicted)
-            self.clock.virtual += predicted
-            self.rec.link_time += predicted
+        self.rec.link_time += max(ex.seconds - ex.compute, 0.0)
+        self.clock.virtual += ex.seconds
 
     def _open(self, link: Link) -> None:
         packet = packets.open_packet(self.features, self.language, self.s.rule.name, getattr(self.s.rule, "r", 1),
                                      getattr(self.s.rule, "temperature", 1.0), self.s.seed, self.q_dtype,
                                      self.features_dtype)
-        self.sid, _ = self._send(link, "features", packet, lambda: self.client.open(packet))
+        self._packet(link, "up", "features", packet)
+        self.sid, ex = self.client.open(packet)
+        self._book(ex)
         self.seq, self.synced = 0, 0
 
     # ---- the loop's hook ----
@@ -113,7 +111,9 @@ class RemoteCloud:
         if rule.needs_q:  # Q-S: its sparse lattice; speculative sampling: dense rows in the wire dtype
             packet += rule.q_payload(block.q) if rule.edge_distribution is not None else packets.q_payload(
                 block.q, self.q_dtype)
-        ex = self._send(link, "verify", packet, lambda: self.client.verify(self.sid, packet))
+        self._packet(link, "up", "verify", packet)
+        ex = self.client.verify(self.sid, packet)
+        self._book(ex)
         self.rec.network["verify_rtts"].append(ex.seconds)
         self.seq += 1
         try:
@@ -123,7 +123,7 @@ class RemoteCloud:
         if sid != self.sid or seq != self.seq or accepted > len(block):
             raise CloudUnavailable(f"verdict for session {sid} seq {seq} ({accepted} accepted) does not answer "
                                    f"session {self.sid} seq {self.seq}")
-        self._down(link, "verdict", ex.body)
+        self._packet(link, "down", "verdict", ex.body)
         self.rec.synced += len(sync)
         self.synced = len(committed) + accepted
         self.failures = 0

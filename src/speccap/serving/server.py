@@ -38,6 +38,7 @@ from starlette.requests import ClientDisconnect
 
 from ..decoding import packets
 from ..decoding.cloud import CloudSession
+from ..decoding.qs import unpack_block
 from ..decoding.verify import make_rule
 from ..models.base import AudioLM
 from .sessions import Limits, ServingError, SessionStore
@@ -225,7 +226,6 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
             if rule.needs_q:
                 try:
                     if rule.edge_distribution is not None:  # qs / sq: the sparse lattice points
-                        from ..decoding.qs import unpack_block
                         rule.level, q = unpack_block(tail, len(draft), vocab)
                     else:
                         q = [torch.from_numpy(r).float() for r in packets.parse_q(tail, len(draft), vocab,

@@ -1,0 +1,29 @@
+"""What the benchmarks share: both models loaded once, the test clips with their features."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from speccap.config import Params
+from speccap.data.featurize import load_clip_features
+from speccap.data.manifest import manifest_path, read_manifest
+from speccap.models.base import shared_vocab
+from speccap.models.loading import load_role
+
+
+def mean(xs) -> float:
+    return statistics.fmean(xs) if xs else 0.0
+
+
+def models_and_test_clips(params: Params, n_clips: int | None, threads: int):
+    """(edge, cloud, [(manifest record, language, log-mel)]): the first `n_clips` test clips per language."""
+    torch.set_num_threads(threads)
+    edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
+    shared_vocab(edge, cloud)
+    clips = []
+    for lang in params.data.languages:
+        for rec in read_manifest(manifest_path(params.data.processed_dir, "test", lang))[:n_clips]:
+            clips.append((rec, lang, load_clip_features(params.data.processed_dir, rec["id"])[0]))
+    return edge, cloud, clips
