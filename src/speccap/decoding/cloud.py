@@ -35,6 +35,9 @@ class CloudSession:
         self.sess = None
         self.last: torch.Tensor | None = None  # distribution after the last token in its cache
         self.rows: torch.Tensor | None = None  # the last round's rows (for trace collection)
+        # the last round's last-layer hidden state of each draft token (when the rule or a trace asks)
+        self.hidden: torch.Tensor | None = None
+        self.keep_hidden = rule.needs_hidden
 
     def prefill(self, measure=timed) -> tuple[float, int]:
         """Encode the audio and prompt now (the server does it when a session opens, which also
@@ -44,12 +47,13 @@ class CloudSession:
         return dt, self.sess.prompt_len
 
     def verify(self, sync: list[int], prefix: list[int], draft: list[int], q: list[torch.Tensor] | None, eos: int,
-               measure=timed) -> tuple[Verdict, float, int]:
+               measure=timed, edge_hidden: list | None = None, csi=None) -> tuple[Verdict, float, int]:
         """One round: ONE forward over `sync` (committed tokens it has not seen) + the draft, the
         rule's verdict, and the cache cropped past the rejected tokens. `prefix` is the whole caption
         before the block (fed instead of `sync` when the cache is not kept). `measure(fn, *args)`
-        returns (output, seconds) for each model call. Returns the verdict, the compute seconds and
-        the token positions the model ran over."""
+        returns (output, seconds) for each model call. A WISV rule also gets the edge's hidden states
+        of the draft and the channel state `csi`. Returns the verdict, the compute seconds and the
+        token positions the model ran over."""
         spent, positions = 0.0, 0
         if self.sess is None or not self.cache:
             dt, n = self.prefill(measure)
@@ -57,12 +61,16 @@ class CloudSession:
             positions += n
             if not self.cache:
                 sync = prefix  # a fresh cache needs the whole caption so far again
-        out, dt = measure(self.sess.extend, list(sync) + list(draft))
+        out, dt = measure(self.sess.extend, list(sync) + list(draft), self.keep_hidden)
         spent += dt
         positions += len(sync) + len(draft)
         rows = torch.cat([self.last[None], out.logits])[len(sync):]  # row i scores draft token i
         self.rows = rows
-        verdict = self.rule.verify(list(draft), rows, q or None, eos, self.rng)
+        self.hidden = out.hidden[len(sync):] if self.keep_hidden else None  # state after reading draft token i
+        if self.rule.needs_hidden:
+            verdict = self.rule.verify_hidden(list(draft), rows, edge_hidden, self.hidden, csi, eos)
+        else:
+            verdict = self.rule.verify(list(draft), rows, q or None, eos, self.rng)
         self.sess.rollback(len(draft) - verdict.accepted)
         self.last = rows[verdict.accepted]
         return verdict, spent, positions

@@ -30,6 +30,8 @@ from .link import Link
 from .policies import LengthPolicy
 from .stats import Block, audio_summary, token_stats
 from .verify import Rule
+from .wisv import csi_of
+from .wisv_upload import choose
 
 
 @dataclass
@@ -55,6 +57,9 @@ class CaptionRecord:
     accepted: int = 0
     corrected: int = 0
     bonus: int = 0
+    # WISV: mismatches its head let through, and selective-hidden rounds that asked the edge for states
+    tolerated: int = 0
+    hidden_requests: int = 0
     position_checked: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     cloud_tokens: int = 0  # token positions the cloud ran a forward over (prompt and audio included)
@@ -87,7 +92,8 @@ class CaptionRecord:
             "link_time": self.link_time, "wall_time": self.wall_time, "model_time": self.model_time,
             "tokens": self.n_tokens, "rounds": self.rounds, "escalations": self.rounds, "drafted": self.drafted,
             "transmitted": self.transmitted, "synced": self.synced, "accepted": self.accepted,
-            "corrected": self.corrected, "bonus": self.bonus,
+            "corrected": self.corrected, "bonus": self.bonus, "tolerated": self.tolerated,
+            "hidden_requests": self.hidden_requests,
             "aal": self.accepted / self.rounds if self.rounds else 0.0,
             "rho": self.transmitted / self.drafted if self.drafted else 0.0,
             "bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "retransmissions": self.retransmissions,
@@ -231,8 +237,12 @@ class SpecSettings:
     edge_time_scale: float = 1.0
     cloud_time_scale: float = 1.0
     # blocking loop: called after each verification with (block, the cloud's rows for it, the
-    # verdict, the committed tokens before the block); trace collection reads the cloud's view here
+    # verdict, the committed tokens before the block, the cloud's hidden states of the draft or
+    # None); trace collection reads the cloud's view here
     observer: object = None
+    # both sides keep each draft token's last-layer hidden state (WISV traces); a rule that needs
+    # them (WISV) turns this on by itself
+    trace_hidden: bool = False
 
 
 class _Edge:
@@ -246,15 +256,18 @@ class _Edge:
         rec.prompt_tokens = self.sess.prompt_len
         self.logits = self.sess.prefill_logits  # next-token logits after what the cache holds
         self.cached = 0  # caption tokens in the edge's KV cache
+        self.keep_hidden = s.trace_hidden or s.rule.needs_hidden
 
     def pick(self) -> int:
         return pick(self.logits, self.s.temperature, self.rng)
 
-    def feed(self, tok: int) -> None:
-        out, dt = self.clock.run(self.sess.extend, [tok], scale=self.s.edge_time_scale)
+    def feed(self, tok: int, hidden: bool = False) -> torch.Tensor | None:
+        """Append a token to the cache; with `hidden`, return its last-layer hidden state."""
+        out, dt = self.clock.run(self.sess.extend, [tok], hidden, scale=self.s.edge_time_scale)
         self.rec.edge_compute += dt
         self.logits = out.logits[-1]
         self.cached += 1
+        return out.hidden[-1] if hidden else None
 
     def draft(self, block: Block, needs_q: bool) -> int:
         """Draft one token into `block` (fed back to the cache unless it ends the caption)."""
@@ -273,8 +286,9 @@ class _Edge:
         block.stats.append(stats)
         if needs_q:
             block.q.append(q)
-        if tok != self.lm.eos_token_id:
-            self.feed(tok)
+        h = self.feed(tok, self.keep_hidden) if tok != self.lm.eos_token_id else None
+        if self.keep_hidden:  # as it travels: float16
+            block.hidden.append(None if h is None else h.half().float())
         return tok
 
     def truncate(self, length: int) -> None:
@@ -290,7 +304,10 @@ class _Cloud:
     def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, clock: _Clock, rec: CaptionRecord):
         self.s, self.clock, self.rec, self.features, self.language = s, clock, rec, features, language
         self.session = CloudSession(lm, features, language, s.rule, s.seed, s.cloud_cache)
+        self.session.keep_hidden |= s.trace_hidden
         self.synced = 0  # committed caption tokens the cloud's cache holds
+        # WISV: the caption's mismatches / examined tokens so far (the `auto` protocol's estimate)
+        self.mismatches, self.examined = 0, 0
 
     @property
     def sess(self):
@@ -300,11 +317,12 @@ class _Cloud:
     def rows(self):
         return self.session.rows
 
-    def verify(self, sync: list[int], prefix: list[int], block: Block, eos: int):
+    def verify(self, sync: list[int], prefix: list[int], block: Block, eos: int, csi=None):
         """One round on the session; returns the verdict and the (scaled) compute seconds."""
         verdict, spent, positions = self.session.verify(
             sync, prefix, block.tokens, block.q, eos,
-            measure=lambda fn, *a: self.clock.measure(fn, *a, scale=self.s.cloud_time_scale))
+            measure=lambda fn, *a: self.clock.measure(fn, *a, scale=self.s.cloud_time_scale),
+            edge_hidden=block.hidden, csi=csi)
         self.rec.cloud_tokens += positions
         self.rec.cloud_compute += spent
         return verdict, spent
@@ -313,21 +331,50 @@ class _Cloud:
               bits: int):
         """The blocking loop's escalation: the packets up on the link model, one verification, the
         verdict down, all on the virtual clock. Returns the verdict (never None: this cloud cannot fail)."""
-        rec, clock = self.rec, self.clock
+        rec, clock, rule = self.rec, self.clock, self.s.rule
         sync = committed[self.synced:]
         if self.sess is None:
             _charge(rec, clock, link, "up", "features", packets.features_packet(session_id, self.features,
                                                                                 self.language))
-        _charge(rec, clock, link, "up", "verify", _verify_upload(self.s.rule, session_id, seq, sync, block, bits))
+        protocol = self._protocol(link, block, bits) if rule.needs_hidden else None
+        up = _verify_upload(rule, session_id, seq, sync, block, bits)
+        if protocol == "full":  # every drafted token's hidden state rides with the ids
+            up += _hidden_upload(session_id, seq, block, range(len(block)))
+        _charge(rec, clock, link, "up", "verify", up)
         rec.synced += len(sync)
-        verdict, dt = self.verify(sync, committed, block, eos)
+        verdict, dt = self.verify(sync, committed, block, eos, csi_of(link) if rule.needs_hidden else None)
         clock.virtual += dt
+        if protocol == "selective" and verdict.asked:  # the cloud asks for the states at its mismatches
+            _charge(rec, clock, link, "down", "mismatch", packets.mismatch_packet(session_id, seq, verdict.asked))
+            _charge(rec, clock, link, "up", "hidden", _hidden_upload(session_id, seq, block, verdict.asked))
+            rec.hidden_requests += 1
+        if rule.needs_hidden:
+            rec.tolerated += verdict.tolerated
+            self.mismatches += sum(r > 1 for r in verdict.ranks)
+            self.examined += len(verdict.ranks)
         if self.s.observer is not None:
-            self.s.observer(block, self.rows, verdict, committed)
+            self.s.observer(block, self.rows, verdict, committed, self.session.hidden)
         _charge(rec, clock, link, "down", "verdict", packets.verdict_packet(session_id, seq, verdict.accepted,
                                                                               verdict.token, bits))
         self.synced = len(committed) + verdict.accepted
         return verdict
+
+
+    def _protocol(self, link: Link, block: Block, bits: int) -> str:
+        """WISV's upload protocol for this round: the rule's, or with `auto` the one the link model
+        says is faster for the mismatches expected (the caption's running rate, prior 1 in 10)."""
+        if self.s.rule.protocol != "auto":
+            return self.s.rule.protocol
+        rate = (self.mismatches + 1) / (self.examined + 10)
+        d = next((h.shape[-1] for h in block.hidden if h is not None), 0)
+        return choose(link, len(block), d, rate * len(block), bits)
+
+
+def _hidden_upload(session_id: int, seq: int, block: Block, positions) -> bytes:
+    """A HIDDEN packet with the edge's states at `positions` (an end-of-caption token has none)."""
+    pos = [i for i in positions if block.hidden[i] is not None]
+    h = torch.stack([block.hidden[i] for i in pos]).numpy() if pos else np.zeros((0, 0), np.float16)
+    return packets.hidden_packet(session_id, seq, pos, h)
 
 
 def _verify_upload(rule: Rule, session_id: int, seq: int, sync: list[int], block: Block, bits: int) -> bytes:

@@ -258,6 +258,9 @@ def pipelined(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: str
     """Gated speculative decoding with up to `settings.in_flight` blocks in flight (>= 1)."""
     if settings.in_flight < 1:
         raise ValueError(f"the pipelined loop needs in_flight >= 1, got {settings.in_flight}")
+    if settings.rule.needs_hidden:
+        raise ValueError(f"rule {settings.rule.name!r} runs in the blocking loop only (decode.in_flight 0): its "
+                         "selective upload protocol waits for the cloud's mismatch positions")
     wall0 = time.perf_counter()
     with ResourceMonitor() as mon:
         loop = _Loop(edge, cloud, features, language, settings, link, session_id)

@@ -26,6 +26,9 @@ class Block:
     tokens: list[int] = field(default_factory=list)
     stats: list[TokenStats] = field(default_factory=list)
     q: list[torch.Tensor] = field(default_factory=list)  # (V,) probabilities the tokens were drawn from
+    # (H,) edge last-layer hidden state of each drafted token, as it travels (float16 values; None
+    # for an end-of-sequence token, which is never fed back): WISV and its traces read these
+    hidden: list[torch.Tensor | None] = field(default_factory=list)
     # context a learned gate reads: the share of escalated draft tokens the cloud accepted so far in
     # this caption (None before the first verdict), a summary of the clip's audio, the language
     accept_rate: float | None = None

@@ -22,6 +22,10 @@ class Verdict:
     token: int | None  # correction or bonus; None when the accepted block ended the caption
     corrected: bool  # the token replaces a rejected draft token
     ranks: list[int] = field(default_factory=list)  # cloud rank of each examined draft token
+    # WISV: mismatches the decision head let through, and the positions whose edge hidden states
+    # the cloud needed (the selective-hidden protocol asks the edge for exactly these)
+    tolerated: int = 0
+    asked: list[int] = field(default_factory=list)
 
 
 def cloud_rank(row: torch.Tensor, token: int) -> int:
@@ -35,6 +39,9 @@ class Rule(ABC):
     # Q-S / S-Q: the edge sends edge_distribution(p) instead of p, and samples from it when True
     edge_distribution = None
     sample_quantized = False
+    # WISV: the edge sends each drafted token's last hidden state, the cloud's verify forward keeps
+    # its own, and the verdict comes from verify_hidden (with the channel state) instead of verify
+    needs_hidden = False
 
     def q_payload(self, q: list[torch.Tensor]) -> bytes:
         """The draft distributions as they travel after a VERIFY: dense float16 rows (the cost Q-S attacks)."""
@@ -118,6 +125,9 @@ def _sample(p: torch.Tensor, rng: np.random.Generator) -> int:
 
 
 def make_rule(name: str, rank: int = 20, temperature: float = 1.0, level: int = 16) -> Rule:
+    if name == "wisv":
+        raise ValueError("the wisv rule needs its trained decision head: build it with "
+                         "speccap.decoding.wisv.WISV(load_head(path), tau) (the wisv_head stage trains one)")
     if name in ("qs", "sq"):
         from .qs import QuantizeSample, SampleQuantize
         return (QuantizeSample if name == "qs" else SampleQuantize)(level, temperature)
