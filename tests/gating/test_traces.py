@@ -47,3 +47,24 @@ def test_impact_is_the_quality_the_draft_token_costs(pair, audio):
     expected = quality(cloud.decode(fix), REFS, "en") - quality(cloud.decode(keep), REFS, "en")
     assert first[j]["impact"] == pytest.approx(expected)
     assert quality(REFS[0], REFS, "en") > quality("zzz", REFS, "en")
+
+
+def test_hidden_traces_keep_both_states_at_judged_mismatches(pair, audio):
+    import torch
+    edge, cloud = pair
+    plain = TraceSettings(block_len=4, rank=1, critical_margin=0.5, max_new_tokens=20)
+    rows, caption = trace_caption(edge, cloud, audio[1], "en", REFS, plain)
+    hidden_rows, hidden_caption = trace_caption(edge, cloud, audio[1], "en", REFS,
+                                                TraceSettings(**{**plain.__dict__, "hidden": True}))
+    assert hidden_caption == caption and all("h_edge" not in x for x in rows)  # keeping states changes nothing else
+    with_states = [r for r in hidden_rows if "h_edge" in r]
+    judged = [r for r in hidden_rows if r["first_reject"] and r["token"] != edge.eos_token_id
+              and r["cloud_argmax"] != cloud.eos_token_id]
+    assert with_states == judged and len(judged) > 0  # only judged, non end-of-caption mismatches
+    # each state is the one that model computes for the draft token after the committed caption
+    ids = speculative(edge, cloud, audio[1], "en", SpecSettings(Always(), Rank(1), Fixed(4), max_new_tokens=20),
+                      Link(NO_LINK)).token_ids
+    for r in with_states[:3]:
+        for lm, key in ((edge, "h_edge"), (cloud, "h_cloud")):
+            want = lm.start(audio[1], "en").extend(ids[:r["pos"]] + [r["token"]], return_hidden=True).hidden[-1]
+            assert torch.allclose(torch.tensor(r[key]), want.half().float(), atol=2e-2), key

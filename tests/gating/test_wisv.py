@@ -73,3 +73,34 @@ def test_head_learns_on_a_tiny_trace_set():
     assert roc_auc_score(labels[300:], p.numpy()) > 0.9
     with pytest.raises(ValueError, match="both"):
         train_head(h_edge[:10], h_cloud[:10], csi[:10], np.zeros(10))
+
+
+def test_head_dataset_relabels_each_episode_under_several_channels():
+    import pandas as pd
+
+    from speccap.gating.wisv import head_dataset
+    rng = np.random.default_rng(0)
+    rows = [{"clip_id": c, "pos": p, "critical": float(k), "h_edge": rng.standard_normal(6).tolist(),
+             "h_cloud": rng.standard_normal(10).tolist()}
+            for c in ("a", "b") for p, k in zip((2, 5, 9, 30), (1, 1, 0, 1))]
+    ds = head_dataset(pd.DataFrame(rows), np.random.default_rng(1), csi_draws=3)
+    assert ds["h_edge"].shape == (24, 6) and ds["h_cloud"].shape == (24, 10) and ds["csi"].shape == (24, 4)
+    assert (ds["label"] <= ds["critical"]).all()  # labels only relax
+    assert ds["critical"].sum() == 18 and len(np.unique(ds["quality"])) == 6  # 3 channels per episode
+    with pytest.raises(ValueError, match="no judged mismatches"):
+        head_dataset(pd.DataFrame(rows).iloc[0:0], np.random.default_rng(1))
+
+
+def test_saved_head_loads_back_and_bad_files_are_named(tmp_path):
+    from speccap.gating.wisv import DecisionHead, load_head, save_head
+    head = DecisionHead(6, 10, hidden=16, dropout=0.2).eval()
+    save_head(head, tmp_path / "wisv/head.pt", {"tau": 0.4})
+    back = load_head(tmp_path / "wisv/head.pt")
+    x = [torch.randn(5, 6), torch.randn(5, 10), torch.randn(5, 4)]
+    assert torch.equal(head(*x), back(*x)) and back.dims == (6, 10, 4)
+    assert '"tau": 0.4' in (tmp_path / "wisv/head.json").read_text()
+    with pytest.raises(FileNotFoundError, match="wisv_head"):
+        load_head(tmp_path / "missing.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a head")
+    with pytest.raises(ValueError, match="junk.pt: not a WISV decision head"):
+        load_head(tmp_path / "junk.pt")

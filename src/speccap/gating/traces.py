@@ -36,6 +36,9 @@ class TraceSettings:
     rank: int = 2  # R: a mismatch is a token the rank rule would replace
     critical_margin: float = 1.0  # quality points (x100) the draft token must cost to be critical
     max_new_tokens: int = 128
+    # keep the edge's and the cloud's last-layer hidden state at each judged mismatch (WISV's head
+    # reads them); rank 1 then makes every mismatch a greedy-verification one, as WISV localizes them
+    hidden: bool = False
 
 
 def quality(caption: str, references: list[str], language: str) -> float:
@@ -64,7 +67,7 @@ def trace_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str,
     rows: list[dict] = []
     blocks = []
 
-    def observe(block, cloud_rows, verdict, committed):
+    def observe(block, cloud_rows, verdict, committed, cloud_hidden):
         first_reject = verdict.accepted if verdict.corrected else None
         feats = block_features(block)
         b = len(blocks)
@@ -72,13 +75,18 @@ def trace_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str,
         for i, tok in enumerate(block.tokens):
             rank = cloud_rank(cloud_rows[i], tok)
             row = dict(zip(FEATURES, (float(x) for x in feats[i])))
-            row.update(block=b, i=i, token=tok, cloud_rank=rank, cloud_argmax=int(cloud_rows[i].argmax()),
+            row.update(block=b, i=i, pos=block.start + i, token=tok, cloud_rank=rank,
+                       cloud_argmax=int(cloud_rows[i].argmax()),
                        mismatch=rank > settings.rank, after_reject=first_reject is not None and i > first_reject,
                        first_reject=first_reject == i, impact=np.nan, critical=np.nan)
+            # WISV's head judges a token's content, not where the caption ends: none for end-of-caption mismatches
+            if settings.hidden and first_reject == i and block.hidden[i] is not None and \
+                    row["cloud_argmax"] != cloud.eos_token_id:
+                row.update(h_edge=block.hidden[i].tolist(), h_cloud=cloud_hidden[i].half().float().tolist())
             rows.append(row)
 
     spec = SpecSettings(gate=Always(), rule=Rank(settings.rank), policy=Fixed(settings.block_len),
-                        max_new_tokens=settings.max_new_tokens, observer=observe)
+                        max_new_tokens=settings.max_new_tokens, observer=observe, trace_hidden=settings.hidden)
     rec = speculative(edge, cloud, mel, language, spec, Link(NO_LINK))
     # impact of each block's first rejected token: finish with the draft token vs the cloud's
     row_at = {(r["block"], r["i"]): r for r in rows}

@@ -16,15 +16,17 @@ as tolerable, the least important first.
 - labels only relax: a critical mismatch may become tolerable, a tolerable one never critical;
 - several CSI draws per episode, so the head sees each caption under several channels.
 
-What is NOT built yet (issue 7): the `wisv` verification rule in the engine, the hidden-state
-traces it trains on, and its evaluation. This module and decoding/wisv_upload.py are the parts
-that are: the relabeling policy, the head and its training, the two upload protocols' bytes.
+The rule that uses the head is decoding/wisv.py; the traces with hidden states come from
+gating/traces.py (TraceSettings.hidden); the wisv_head stage trains and registers the head
+(pipeline/wisv.py) and the wisv_eval stage evaluates it over channels.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -101,7 +103,8 @@ def repair_probability(s, lam: float, temperature: float = 0.1) -> np.ndarray:
     s = np.asarray(s, dtype=np.float64)
     if math.isinf(lam):
         return np.full_like(s, 0.0 if lam > 0 else 1.0)
-    return 1.0 / (1.0 + np.exp(-(s - lam) / max(temperature, 1e-9)))
+    z = np.clip((s - lam) / max(temperature, 1e-9), -500, 500)  # exp() of more overflows; the result is 0 or 1
+    return 1.0 / (1.0 + np.exp(-z))
 
 
 def relabel(positions, critical, csi: CSI, rng: np.random.Generator, kappa: float = 0.5, temperature: float = 0.1,
@@ -142,7 +145,7 @@ class DecisionHead(nn.Module):
 
 
 def train_head(h_edge: np.ndarray, h_cloud: np.ndarray, csi: np.ndarray, labels: np.ndarray, epochs: int = 200,
-               lr: float = 1e-2, hidden: int = 64, seed: int = 0) -> DecisionHead:
+               lr: float = 1e-2, hidden: int = 64, seed: int = 0, dropout: float = 0.1) -> DecisionHead:
     """BCE with class balancing (positives weighted by negatives / positives), full batch, Adam."""
     torch.manual_seed(seed)
     x = torch.from_numpy(np.concatenate([h_edge, h_cloud, csi], axis=1).astype(np.float32))
@@ -150,7 +153,7 @@ def train_head(h_edge: np.ndarray, h_cloud: np.ndarray, csi: np.ndarray, labels:
     pos = float(y.sum())
     if pos == 0 or pos == len(y):
         raise ValueError("the head needs both repaired and tolerated mismatches to learn from")
-    head = DecisionHead(h_edge.shape[1], h_cloud.shape[1], csi.shape[1], hidden)
+    head = DecisionHead(h_edge.shape[1], h_cloud.shape[1], csi.shape[1], hidden, dropout)
     loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor((len(y) - pos) / pos))
     opt = torch.optim.Adam(head.parameters(), lr=lr)
     head.train()
@@ -161,3 +164,51 @@ def train_head(h_edge: np.ndarray, h_cloud: np.ndarray, csi: np.ndarray, labels:
         opt.step()
     head.eval()
     return head
+
+
+def head_dataset(judged, rng: np.random.Generator, csi_draws: int = 4, kappa: float = 0.5, temperature: float = 0.1,
+                 b_min: float = 0.2, b_max: float = 1.0) -> dict[str, np.ndarray]:
+    """The head's training rows from the judged mismatches of traced captions (rows with `clip_id`,
+    `pos`, `critical`, `h_edge`, `h_cloud`): every caption is an episode, relabeled under
+    `csi_draws` drawn channels. Returns h_edge, h_cloud, csi (n, 4), label and the channel quality."""
+    out: dict[str, list] = {"h_edge": [], "h_cloud": [], "csi": [], "label": [], "quality": [], "critical": []}
+    for _, ep in judged.groupby("clip_id", sort=False):
+        crit = ep["critical"].to_numpy(float) > 0.5
+        pos = ep["pos"].to_numpy()
+        he, hc = np.stack(ep["h_edge"].to_numpy()), np.stack(ep["h_cloud"].to_numpy())
+        for csi in draw_csi(rng, csi_draws):
+            out["label"].append(relabel(pos, crit, csi, rng, kappa, temperature, b_min, b_max))
+            out["h_edge"].append(he)
+            out["h_cloud"].append(hc)
+            out["csi"].append(np.repeat(csi.vector()[None], len(ep), axis=0))
+            out["quality"].append(np.full(len(ep), channel_quality(csi)))
+            out["critical"].append(crit.astype(np.int64))
+    if not out["label"]:
+        raise ValueError("no judged mismatches with hidden states to train the WISV head on")
+    return {k: np.concatenate(v).astype(np.float32 if k not in ("label", "critical") else np.int64)
+            for k, v in out.items()}
+
+
+def save_head(head: DecisionHead, path: str | Path, meta: dict) -> None:
+    """The head's weights and shape (<path>) and what it was trained on (<path>.json)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    d_edge, d_cloud, d_csi = head.dims
+    torch.save({"state": head.state_dict(), "dims": head.dims, "hidden": head.net[0].out_features,
+                "dropout": head.net[2].p}, path)
+    path.with_suffix(".json").write_text(json.dumps({"d_edge": d_edge, "d_cloud": d_cloud, "d_csi": d_csi, **meta},
+                                                    indent=1))
+
+
+def load_head(path: str | Path) -> DecisionHead:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no WISV decision head (train one with the wisv_head stage: "
+                                "dvc repro wisv_head)")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        head = DecisionHead(*blob["dims"], hidden=blob["hidden"], dropout=blob["dropout"])
+        head.load_state_dict(blob["state"])
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
+        raise ValueError(f"{path}: not a WISV decision head ({type(exc).__name__}: {exc})") from None
+    return head.eval()

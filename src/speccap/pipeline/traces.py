@@ -21,9 +21,11 @@ from . import sweep
 TRACE_DIR = Path("data/traces")
 
 
-def trace_clips(params: Params, split: str, language: str) -> list[dict]:
+def trace_clips(params: Params, split: str, language: str, counts=None) -> list[dict]:
+    """The first clips of a split; `counts` (train_clips, val_clips; 0 = all) default to gates.traces."""
     recs = read_manifest(manifest_path(params.data.processed_dir, split, language))
-    n = params.gates.traces.train_clips if split == "train" else params.gates.traces.val_clips
+    t = counts or params.gates.traces
+    n = t.train_clips if split == "train" else t.val_clips
     return recs[:n] if n else recs
 
 
@@ -34,36 +36,41 @@ def trace_settings(params: Params):
                          max_new_tokens=params.models.max_new_tokens)
 
 
-def traces_key(params: Params) -> str:
+def traces_key(params: Params, settings=None) -> str:
     """What a clip's trace depends on besides the clip: records with another key are traced again."""
-    blob = json.dumps([dataclasses.asdict(trace_settings(params)), sweep.models_fingerprint(params)], sort_keys=True)
+    blob = json.dumps([dataclasses.asdict(settings or trace_settings(params)), sweep.models_fingerprint(params)],
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def trace_one(job: tuple[str, str, str, list[str], str]) -> dict:
-    """Trace one clip in a worker (models from sweep._W); errors come back as a record."""
+def trace_one(job: tuple[str, str, str, list[str], str, dict]) -> dict:
+    """Trace one clip in a worker (models from sweep._W) under the TraceSettings given as a dict;
+    errors come back as a record."""
     from ..data.featurize import load_clip_features
-    from ..gating.traces import trace_caption
-    clip_id, split, language, references, key = job
+    from ..gating.traces import TraceSettings, trace_caption
+    clip_id, split, language, references, key, settings = job
     params: Params = sweep._W["params"]
     try:
         mel, _ = load_clip_features(params.data.processed_dir, clip_id)
         rows, caption = trace_caption(sweep._W["edge"], sweep._W["cloud"], mel, language, references,
-                                      trace_settings(params))
+                                      TraceSettings(**settings))
         return {"id": clip_id, "key": key, "split": split, "language": language, "caption": caption, "rows": rows}
     except Exception as exc:  # noqa: BLE001 - the stage decides what a failed clip means
         return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
-def collect(params: Params, pool: sweep.Pool, out_dir: Path = TRACE_DIR, progress=None) -> dict[str, pd.DataFrame]:
-    """Trace every selected clip not yet on disk; return one table per split (train, val)."""
+def collect(params: Params, pool: sweep.Pool, out_dir: Path = TRACE_DIR, progress=None, settings=None,
+            counts=None) -> dict[str, pd.DataFrame]:
+    """Trace every selected clip not yet on disk; return one table per split (train, val).
+    `settings` (TraceSettings) and `counts` (clips per split) default to the gates' traces."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tables, errors = {}, []
-    key = traces_key(params)
+    settings = settings or trace_settings(params)
+    key = traces_key(params, settings)
     for split in ("train", "val"):
         frames = []
         for lang in params.data.languages:
-            clips = trace_clips(params, split, lang)
+            clips = trace_clips(params, split, lang, counts)
             path = out_dir / f"{split}.{lang}.jsonl"
             done = {}
             if path.exists():
@@ -76,7 +83,8 @@ def collect(params: Params, pool: sweep.Pool, out_dir: Path = TRACE_DIR, progres
                         done[rec["id"]] = rec
                 path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done.values()),
                                 encoding="utf-8")
-            jobs = [(c["id"], split, lang, c["references"], key) for c in clips if c["id"] not in done]
+            jobs = [(c["id"], split, lang, c["references"], key, dataclasses.asdict(settings))
+                    for c in clips if c["id"] not in done]
             with open(path, "a", encoding="utf-8") as fh:
                 for rec in pool.imap(jobs):
                     if "error" in rec:
