@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-import soundfile as sf
 import torch
 
 from speccap.data.features import log_mel
