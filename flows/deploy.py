@@ -1,10 +1,11 @@
 """Prefect deployments of the pipeline and the sweep flows, for a process work pool (a login node).
 
-    python -m flows.deploy [--pool speccap-login] [--flows pipeline decode gate_eval]
+    python -m flows.deploy [--pool speccap-login] [--flows pipeline decode gate_eval wisv_eval]
                            [--cron "0 2 * * *"] [--params params.yaml] [--set decode.block_len=7 ...]
 
 Creates the process work pool if it is missing, then one deployment per flow, named after it
-(`speccap-pipeline/pipeline`, `speccap-decode/decode`, `speccap-gate-eval/gate_eval`), running from
+(`speccap-pipeline/pipeline`, `speccap-decode/decode`, `speccap-gate-eval/gate_eval`,
+`speccap-wisv-eval/wisv_eval`), running from
 this checkout. Their parameters map to params.yaml: `params_path`, and `overrides` (dotted keys
 applied on top of the file, validated like it; e.g. {"decode.block_len": 7, "cluster.executor": "dask"}).
 The pipeline runs nightly by default (DEFAULT_CRON); the sweeps run on a schedule only with --cron.
@@ -26,6 +27,7 @@ FLOWS = {
     "pipeline": ("flows/pipeline.py:pipeline_flow", DEFAULT_CRON),
     "decode": ("flows/decode.py:decode_flow", None),
     "gate_eval": ("flows/gate_eval.py:gate_eval_flow", None),
+    "wisv_eval": ("flows/wisv_eval.py:wisv_eval_flow", None),
 }
 
 

@@ -12,7 +12,8 @@ from prefect import get_run_logger, task
 from tqdm import tqdm
 
 from speccap.config import Params
-from speccap.pipeline.sweep import Pool, RunConfig, config_key, models_fingerprint, run_config, summarize
+from speccap.pipeline.sweep import (Pool, RunConfig, config_key, link_config, models_fingerprint, run_config,
+                                   summarize)
 from speccap.tracking import Tracker
 
 _POOL: dict = {}
@@ -55,8 +56,9 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
                 key = keys[cfg]
                 extra = run_tags(cfg) if run_tags else {}
                 row = {"config_id": key, "name": cfg.name, **cfg.to_dict(), **extra}
+                link = link_config(params, cfg)
                 run_params = cfg.to_dict() | extra | {
-                    "link": params.link.name, "rtt_ms": params.link.rtt_ms, "uplink_mbps": params.link.uplink_mbps,
+                    "link": link.name, "rtt_ms": link.rtt_ms, "uplink_mbps": link.uplink_mbps,
                     "clips": len(clips[cfg.language]), "max_new_tokens": params.models.max_new_tokens}
                 try:
                     if on_dask is None:

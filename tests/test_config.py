@@ -88,3 +88,17 @@ def test_overrides_apply_after_the_profile_and_materialize_to_an_equal_file(tmp_
         load_params("params.yaml", {"decode.blok_len": 7})
     with pytest.raises(ConfigError, match="cluster.executor"):
         load_params("params.yaml", {"cluster.executor": "mpi"})
+
+
+def test_wisv_settings_are_checked_and_named():
+    p = params_from_dict({})
+    assert set(p.wisv.channels) == {"up20-rtt5", "up20-rtt50", "up500-rtt5", "up500-rtt50", "markov"}
+    assert p.wisv.channels["markov"].markov.bad_mbps == 0.35
+    with pytest.raises(ConfigError, match="wisv.protocol"):
+        params_from_dict({"wisv": {"protocol": "both"}})
+    with pytest.raises(ConfigError, match="wisv.tau"):
+        params_from_dict({"wisv": {"tau": 2.0}})
+    with pytest.raises(ConfigError, match="wisv.channels.slow"):
+        params_from_dict({"wisv": {"channels": {"slow": {"uplink_mbps": 0.0}}}})
+    with pytest.raises(ConfigError, match="wisv.channels.slow.rtt"):
+        params_from_dict({"wisv": {"channels": {"slow": {"rtt": 5}}}})

@@ -205,6 +205,44 @@ class QSParams:
 
 
 @dataclass(frozen=True)
+class WisvTraceParams:
+    train_clips: int = 100  # clips per language traced for the head (0 = all)
+    val_clips: int = 30
+    block_len: int = 5
+    critical_margin: float = 1.0  # as gates.traces: quality points a kept draft token must cost
+
+
+def _wisv_channels() -> dict:
+    """The evaluation's channels: 20 / 500 Mbps uplink x 5 / 50 ms RTT, and the two-state Markov one."""
+    out = {f"up{up}-rtt{rtt}": LinkConfig(f"up{up}-rtt{rtt}", float(up), float(down), float(rtt))
+           for up, down in ((20, 100), (500, 1000)) for rtt in (5, 50)}
+    out["markov"] = LinkConfig("markov", 4.0, 4.0, 20.0, markov=MarkovParams())
+    return out
+
+
+@dataclass(frozen=True)
+class WisvParams:
+    # CSI-aware acceptance (decoding/wisv.py, gating/wisv.py): traces with hidden states -> relabeled
+    # critical mismatches under drawn channels -> the decision head -> evaluation over channels
+    traces: WisvTraceParams = field(default_factory=WisvTraceParams)
+    kappa: float = 0.5  # smoothed importance: weight kappa^|m - m'| of a neighbouring critical mismatch
+    policy_temperature: float = 0.1  # T of P(repair) = sigmoid((s - lambda) / T)
+    budget_min: float = 0.2  # share of critical mismatches repaired on the worst channel ...
+    budget_max: float = 1.0  # ... and on the best
+    csi_draws: int = 4  # channels drawn per traced caption
+    hidden: int = 64  # head width
+    dropout: float = 0.1
+    epochs: int = 300
+    lr: float = 0.01
+    tau: float = 0.5  # tolerate a mismatch when P(reject) < tau
+    protocol: str = "auto"  # full | selective | auto (per round, on the link model)
+    registry_name: str = "speccap-wisv-head"
+    block_lens: tuple[int, ...] = (4, 8)  # draft windows of the evaluation
+    eval_clips: int = 50  # test clips per language (0 = all)
+    channels: dict[str, LinkConfig] = field(default_factory=_wisv_channels)
+
+
+@dataclass(frozen=True)
 class TrackingParams:
     # sqlite:///mlflow.db = a SQLite store at the project root (one store for every DVC experiment
     # copy); any MLflow URI works (http://host:5000); $MLFLOW_TRACKING_URI wins over this.
@@ -260,6 +298,7 @@ class Params:
     gates: GatesParams = field(default_factory=GatesParams)
     tracking: TrackingParams = field(default_factory=TrackingParams)
     qs: QSParams = field(default_factory=QSParams)
+    wisv: WisvParams = field(default_factory=WisvParams)
     cluster: ClusterParams = field(default_factory=ClusterParams)
 
 
@@ -277,6 +316,7 @@ _CHOICES = {
     "decode.rule": {"greedy", "rank", "spec_sampling", "qs", "sq"},
     "decode.gate": {"never", "always", "entropy", "margin", "logprob"},
     "decode.draft_ahead": {"adaptive", "always"},
+    "wisv.protocol": {"full", "selective", "auto"},
 }
 _LANGUAGES = {"en", "zh"}
 
@@ -386,6 +426,17 @@ def _validate(p: Params) -> None:
     if d.workers < 1 or d.threads_per_worker < 1 or d.adapt_minimum < 0 or 0 < d.adapt_maximum < d.adapt_minimum:
         raise ConfigError("params keys cluster.dask.*: workers and threads_per_worker >= 1, "
                           "0 <= adapt_minimum <= adapt_maximum (0 = no adaptive scaling)")
+    w = p.wisv
+    if not 0 <= w.tau <= 1 or not 0 <= w.budget_min <= w.budget_max <= 1 or not 0 <= w.kappa < 1:
+        raise ConfigError("params keys wisv.tau (in [0, 1]), wisv.budget_min <= wisv.budget_max (in [0, 1]), "
+                          "wisv.kappa (in [0, 1))")
+    if w.csi_draws < 1 or w.hidden < 1 or w.epochs < 1 or not w.block_lens or min(w.block_lens) < 1 \
+            or w.traces.block_len < 1 or not w.channels:
+        raise ConfigError("params keys wisv.csi_draws, wisv.hidden, wisv.epochs, wisv.block_lens, "
+                          "wisv.traces.block_len must be >= 1 and wisv.channels non-empty")
+    for name, ch in w.channels.items():
+        if ch.uplink_mbps <= 0 or ch.downlink_mbps <= 0 or ch.rtt_ms < 0 or not 0 <= ch.packet_error_rate < 1:
+            raise ConfigError(f"params key wisv.channels.{name}: rates must be > 0, RTT >= 0, loss in [0, 1)")
     if sl.cores < 1 or sl.gpus < 0:
         raise ConfigError("params keys cluster.slurm.cores (>= 1) / cluster.slurm.gpus (>= 0)")
 
@@ -483,6 +534,11 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
                   "data.languages", "tracking.experiment"),
     "promote": ("seed", "gates", *_GATE_DECODE, "link", "sweep.workers", "sweep.threads", "models.max_new_tokens",
                 "data.languages", "tracking.experiment"),
+    "wisv_head": ("seed", "wisv.traces", "wisv.kappa", "wisv.policy_temperature", "wisv.budget_min",
+                  "wisv.budget_max", "wisv.csi_draws", "wisv.hidden", "wisv.dropout", "wisv.epochs", "wisv.lr",
+                  "wisv.registry_name", "models.max_new_tokens", "data.languages", "tracking.experiment"),
+    "wisv_eval": ("seed", "wisv", "decode.rank", "sweep.workers", "sweep.threads", "models.max_new_tokens",
+                  "data.languages", "tracking.experiment"),
 }
 
 

@@ -172,6 +172,21 @@ class Tracker:
                  parent_id: str | None = None) -> tuple[str, str]:
         """Log a gate (a pickled {"model": GateModel, "threshold": float}) as a pyfunc model that maps
         feature rows to scores and escalation decisions, and register it; returns (run id, version)."""
+        return self._log_registered(registry_name, run_name, "gate", _gate_pyfunc()(), {"gate": str(gate_file)},
+                                    input_example, params, metrics, artifacts, tags, parent_id)
+
+    def log_wisv_head(self, registry_name: str, run_name: str, head_file: str | os.PathLike, input_example,
+                      params: dict, metrics: dict, artifacts: list[str | os.PathLike] = (),
+                      tags: dict | None = None, parent_id: str | None = None) -> tuple[str, str]:
+        """Log WISV's decision head (gating.wisv.save_head's <head>.pt, with its <head>.json holding
+        tau) as a pyfunc model that maps [edge hidden, cloud hidden, CSI] rows to P(reject) and the
+        decision, and register it; returns (run id, version)."""
+        return self._log_registered(registry_name, run_name, "wisv_head", _wisv_pyfunc()(),
+                                    {"head": str(head_file), "meta": str(Path(head_file).with_suffix(".json"))},
+                                    input_example, params, metrics, artifacts, tags, parent_id)
+
+    def _log_registered(self, registry_name, run_name, model_name, python_model, model_artifacts: dict,
+                        input_example, params, metrics, artifacts, tags, parent_id) -> tuple[str, str]:
         with self.mlflow.start_run(run_name=run_name, experiment_id=self.experiment_id,
                                    nested=parent_id is not None, parent_run_id=parent_id) as run:
             self.mlflow.log_params(_flat(params))
@@ -180,8 +195,8 @@ class Tracker:
             for a in artifacts:
                 if Path(a).exists():
                     self.mlflow.log_artifact(str(a))
-            info = self.mlflow.pyfunc.log_model(name="gate", python_model=_gate_pyfunc()(),
-                                                artifacts={"gate": str(gate_file)}, input_example=input_example)
+            info = self.mlflow.pyfunc.log_model(name=model_name, python_model=python_model,
+                                                artifacts=model_artifacts, input_example=input_example)
         version = self.mlflow.register_model(info.model_uri, registry_name)
         client = self.mlflow.MlflowClient(self.uri)
         for k, v in (tags or {}).items():
@@ -248,3 +263,38 @@ def _gate_pyfunc():
             return out
 
     return GateModel
+
+
+def _wisv_pyfunc():
+    """The WISV head's pyfunc class (built here: MLflow is imported only by this module)."""
+    import mlflow.pyfunc
+
+    class WisvHeadModel(mlflow.pyfunc.PythonModel):
+        """Rows in: columns e0..e{De-1} (edge hidden state), c0..c{Dc-1} (cloud hidden state) and
+        csi0..csi3 (gating.wisv.CSI.vector: log10 up/down Mbps, RTT/100 ms, 10 x loss). Out per
+        row: p_reject and reject (p_reject >= tau: the mismatch is repaired)."""
+
+        def load_context(self, context):
+            import json
+
+            from speccap.gating.wisv import load_head
+            self.head = load_head(context.artifacts["head"])
+            with open(context.artifacts["meta"]) as fh:
+                self.tau = json.load(fh)["tau"]
+
+        def predict(self, context, model_input, params=None):
+            import numpy as np
+            import pandas as pd
+            import torch
+            de, dc, dk = self.head.dims
+            cols = {"e": [f"e{i}" for i in range(de)], "c": [f"c{i}" for i in range(dc)],
+                    "csi": [f"csi{i}" for i in range(dk)]}
+            missing = [c for group in cols.values() for c in group if c not in model_input.columns]
+            if missing:
+                raise ValueError(f"WISV head input lacks {len(missing)} column(s), first {missing[:3]}")
+            x = [torch.from_numpy(model_input[c].to_numpy(np.float32)) for c in cols.values()]
+            with torch.no_grad():
+                p = self.head(*x).numpy()
+            return pd.DataFrame({"p_reject": p, "reject": p >= self.tau})
+
+    return WisvHeadModel

@@ -92,3 +92,22 @@ def test_qs_adaptive_configuration_runs_in_a_worker(tiny_project, tmp_path):
         assert all("error" not in r for r in records), records
         s = summarize(cfg, records, clips)
         assert s["rho"] == 1.0 and s["rounds"] >= 1
+
+
+def test_wisv_configurations_run_on_their_channel_and_old_keys_stay():
+    from speccap.pipeline.sweep import link_config
+    from speccap.pipeline.wisv import wisv_configs
+    p = params_from_dict({"wisv": {"block_lens": [4]}, "data": {"languages": ["en"]}})
+    configs = wisv_configs(p)
+    names = [c.name for c in configs if c.channel == "markov"]
+    assert names == ["ugsd-en-always-L4-greedy@markov", "ugsd-en-always-L4-rank2@markov", "ugsd-en-always-L4-wisv@markov"]
+    assert len(configs) == 2 + 3 * 5
+    wisv = next(c for c in configs if c.rule == "wisv" and c.channel == "up20-rtt5")
+    assert link_config(p, wisv).rtt_ms == 5.0 and link_config(p, RunConfig("edge", "en")) == p.link
+    # the channel is part of the key; a configuration without one hashes as before
+    keys = {config_key(c, p, "fp", ["a"]) for c in configs}
+    assert len(keys) == len(configs)
+    plain = RunConfig("ugsd", "en", "always", None, 4, "greedy")
+    assert "channel" not in plain.to_dict() and "tau" not in plain.to_dict()
+    with pytest.raises(ValueError, match="no channel 'lunar'"):
+        link_config(p, RunConfig("ugsd", "en", "always", None, 4, "greedy", channel="lunar"))

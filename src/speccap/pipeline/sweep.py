@@ -39,6 +39,8 @@ class RunConfig:
     in_flight: int = 0  # 0 = the blocking loop; N = pipelined with N blocks in flight
     temperature: float | None = None  # sampling temperature (None: decode.temperature)
     level: int | None = None  # Q-S lattice level (0: the adaptive policy picks L and level per round)
+    channel: str | None = None  # a named link of wisv.channels instead of params.link
+    tau: float | None = None  # WISV: tolerate a mismatch when P(reject) < tau (None: wisv.tau)
 
     @property
     def name(self) -> str:
@@ -52,11 +54,13 @@ class RunConfig:
         rule = {"rank": f"rank{self.rank}", "qs": f"qs{self.level or ''}", "sq": f"sq{self.level or ''}"}.get(
             self.rule, self.rule)
         temp = "" if self.temperature is None else f"-T{self.temperature:g}"
-        return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{rule}{piped}{temp}"
+        tau = "" if self.tau is None else f"{self.tau:g}"
+        channel = "" if self.channel is None else f"@{self.channel}"
+        return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{rule}{tau}{piped}{temp}{channel}"
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        for k in ("temperature", "level"):  # added later: left out when unused, so older keys stay valid
+        for k in ("temperature", "level", "channel", "tau"):  # added later: left out when unused, so older keys stay valid
             if d[k] is None:
                 del d[k]
         return d
@@ -113,9 +117,29 @@ def eval_clips(params: Params, language: str) -> list[dict]:
     return recs[: params.sweep.clips] if params.sweep.clips else recs
 
 
+def link_config(params: Params, cfg: RunConfig):
+    """The link a configuration runs on: its named channel of wisv.channels, else params.link."""
+    if cfg.channel is None:
+        return params.link
+    if cfg.channel not in params.wisv.channels:
+        raise ValueError(f"{cfg.name}: no channel {cfg.channel!r} in params wisv.channels "
+                         f"(have {sorted(params.wisv.channels)})")
+    return params.wisv.channels[cfg.channel]
+
+
+def wisv_fingerprint(params: Params) -> str:
+    """Hash of the trained WISV head (its records change with it)."""
+    from .wisv import head_path
+    p = head_path(params)
+    return hashlib.sha256(p.read_bytes() if p.exists() else b"missing").hexdigest()[:12]
+
+
 def config_key(cfg: RunConfig, params: Params, models_fp: str, clip_ids: list[str]) -> str:
-    blob = json.dumps([cfg.to_dict(), dataclasses.asdict(params.decode), dataclasses.asdict(params.link),
-                       params.models.max_new_tokens, params.seed, models_fp, clip_ids], sort_keys=True, default=str)
+    items = [cfg.to_dict(), dataclasses.asdict(params.decode), dataclasses.asdict(link_config(params, cfg)),
+             params.models.max_new_tokens, params.seed, models_fp, clip_ids]
+    if cfg.rule == "wisv":  # appended only here, so the keys of every other configuration stay as they were
+        items += [params.wisv.protocol, params.wisv.tau, wisv_fingerprint(params)]
+    blob = json.dumps(items, sort_keys=True, default=str)
     return f"{cfg.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
@@ -146,7 +170,7 @@ def caption_one(job: tuple[dict, str]) -> dict:
     try:
         mel, _ = load_clip_features(params.data.processed_dir, clip_id)
         max_new = params.models.max_new_tokens
-        link = Link(params.link, seed=params.seed)
+        link = Link(link_config(params, cfg), seed=params.seed)
         if cfg.method == "edge":
             rec = edge_only(_W["edge"], mel, cfg.language, max_new, params.decode.temperature, params.seed,
                             params.decode.edge_time_scale)
@@ -157,7 +181,8 @@ def caption_one(job: tuple[dict, str]) -> dict:
             from .gates import is_learned, load_gate
             learned = is_learned(cfg.gate)
             decode = dataclasses.replace(params.decode, gate="never" if learned else cfg.gate,
-                                         threshold=cfg.threshold or 0.0, block_len=cfg.block_len, rule=cfg.rule,
+                                         threshold=cfg.threshold or 0.0, block_len=cfg.block_len,
+                                         rule="greedy" if cfg.rule == "wisv" else cfg.rule,
                                          rank=max(cfg.rank, 1), in_flight=cfg.in_flight)
             if cfg.temperature is not None:
                 decode = dataclasses.replace(decode, temperature=cfg.temperature)
@@ -168,6 +193,11 @@ def caption_one(job: tuple[dict, str]) -> dict:
                                              params.qs.l_max)
             if learned:
                 settings.gate = load_gate(params, cfg.gate, cfg.threshold, cache=_W.setdefault("gates", {}))
+            if cfg.rule == "wisv":  # greedy localization, the trained head judging each mismatch
+                from ..decoding.wisv import WISV
+                from .wisv import cached_head
+                settings.rule = WISV(cached_head(params, _W), params.wisv.tau if cfg.tau is None else cfg.tau,
+                                     params.wisv.protocol)
             rec = speculative(_W["edge"], _W["cloud"], mel, cfg.language, settings, link)
         return {"id": clip_id, "caption": rec.caption, **rec.metrics()}
     except Exception as exc:  # noqa: BLE001 - recorded per caption; the configuration decides
@@ -252,7 +282,8 @@ def summarize(cfg: RunConfig, records: list[dict], clips: list[dict]) -> dict:
                        [c.get("emotion") for c in clips])
     out = {k: v for k, v in s.summary().items() if isinstance(v, (int, float)) and v is not None}
     keys = ("ttft", "itps", "oet", "otps", "total_time", "edge_compute", "cloud_compute", "link_time", "tokens",
-            "rounds", "drafted", "transmitted", "accepted", "corrected", "bonus", "bytes_up", "bytes_down",
+            "rounds", "drafted", "transmitted", "accepted", "corrected", "bonus", "tolerated", "hidden_requests",
+            "bytes_up", "bytes_down",
             "cpu_percent", "ram_gb", "gpu_percent", "gpu_memory_gb", "wall_time", "model_time", "cloud_tokens",
             "wait_time", "wasted", "stale")
     for k in keys:

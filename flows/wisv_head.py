@@ -1,0 +1,62 @@
+"""DVC stage `wisv_head`: WISV's decision head from hidden-state traces, as a Prefect flow.
+
+Traces with every block verified greedily and the hidden states at each judged mismatch
+(data/wisv_traces, per-clip records appended as they come: an interrupted run resumes); the judged
+mismatches relabeled under drawn channels; the head trained, measured on validation, saved to
+models/wisv/head.pt, logged and registered in MLflow under wisv.registry_name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pandas as pd
+from prefect import flow
+from tqdm import tqdm
+
+from speccap.config import load_params
+from speccap.pipeline.sweep import Pool
+from speccap.pipeline.traces import collect, summary, trace_clips, trace_one, traces_key
+from speccap.pipeline.wisv import WISV_TRACE_DIR, head_path, judged, trace_settings, train_wisv_head
+from speccap.tracking import Tracker
+
+
+@flow(name="speccap-wisv-head")
+def wisv_head_flow(params_path: str | None = None) -> dict:
+    params = load_params(params_path)
+    w = params.wisv
+    settings = trace_settings(params)
+    total = sum(len(trace_clips(params, s, lang, w.traces)) for s in ("train", "val") for lang in params.data.languages)
+    pool = Pool(params_path, params.sweep.workers, params.sweep.threads, fn=trace_one)
+    bar = tqdm(total=total, desc="wisv traces", unit="clip")
+    try:
+        tables = collect(params, pool, WISV_TRACE_DIR, progress=bar.update, settings=settings, counts=w.traces)
+    finally:
+        bar.close()
+        pool.close()
+    for split, df in tables.items():
+        df.to_parquet(WISV_TRACE_DIR / f"{split}.parquet", index=False)
+    report = train_wisv_head(params, tables["train"], tables["val"])
+    report["traces"] = summary(tables)
+    path = head_path(params)
+    key = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    report["head_key"] = key
+    tracker = Tracker(params.tracking.uri, params.tracking.experiment)
+    ex = judged(tables["val"]).head(3)
+    example = pd.concat([pd.DataFrame(ex["h_edge"].tolist()).add_prefix("e"),
+                         pd.DataFrame(ex["h_cloud"].tolist()).add_prefix("c"),
+                         pd.DataFrame([[1.3, 2.0, 0.05, 0.0]] * len(ex)).add_prefix("csi")], axis=1).astype("float32")
+    metrics = {k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    _, version = tracker.log_wisv_head(
+        w.registry_name, f"wisv-head-{key}", path, example,
+        {"wisv": {k: v for k, v in w.__dict__.items() if k != "channels"}, "traces_key": traces_key(params, settings)},
+        metrics, artifacts=[path.parent / "head_vs_channel.png", path.with_suffix(".json")],
+        tags={"stage": "wisv_head", "head_key": key})
+    report["version"] = version
+    (path.parent / "report.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    print(json.dumps(wisv_head_flow(), indent=1))

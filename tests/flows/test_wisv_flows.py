@@ -1,0 +1,73 @@
+"""wisv_head -> wisv_eval as Prefect flows on the tiny project, against a real MLflow SQLite store
+and registry: hidden-state traces, the head trained, registered and served as a pyfunc, and the
+evaluation over channels with its report."""
+
+import json
+import shutil
+
+import mlflow
+import pandas as pd
+import pytest
+import yaml
+
+from speccap.tracking import Tracker
+
+
+def test_wisv_chain_end_to_end(tiny_project, tmp_path, monkeypatch):
+    from flows.wisv_eval import wisv_eval_flow
+    from flows.wisv_head import wisv_head_flow
+    params, _, params_file = tiny_project
+    raw = yaml.safe_load(params_file.read_text())
+    shutil.copytree(params.models.dir, tmp_path / "models")
+    raw["models"]["dir"] = str(tmp_path / "models")
+    raw["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "wisv-test"}
+    # the tiny models barely change a caption by one token: a margin below 0 makes most mismatches critical
+    raw["wisv"] = {"traces": {"train_clips": 4, "val_clips": 2, "block_len": 2, "critical_margin": -1.0},
+                   "epochs": 50, "csi_draws": 3, "block_lens": [3], "eval_clips": 2, "protocol": "auto",
+                   "channels": {"fast": {"name": "fast", "uplink_mbps": 500, "downlink_mbps": 1000, "rtt_ms": 5},
+                                "markov": {"name": "markov", "rtt_ms": 20, "markov": {}}}}
+    pfile = tmp_path / "params.yaml"
+    pfile.write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+    with pytest.raises(FileNotFoundError, match="wisv_head"):
+        wisv_eval_flow(str(pfile))  # no head yet: a clear message, nothing run
+
+    report = wisv_head_flow(str(pfile))
+    train = pd.read_parquet(tmp_path / "data/wisv_traces/train.parquet")
+    judged = train[train["h_edge"].notna()]
+    assert report["train_mismatches"] == len(judged) > 0 and report["train_rows"] == 3 * len(judged)
+    assert (train["cloud_rank"][train["mismatch"]] > 1).all()  # rank 1: every greedy mismatch is one
+    assert (tmp_path / "models/wisv/head.pt").exists() and (tmp_path / "models/wisv/head_vs_channel.png").exists()
+    tracker = Tracker(raw["tracking"]["uri"], "wisv-test")
+    versions = tracker.model_versions("speccap-wisv-head")
+    assert [v["version"] for v in versions] == [report["version"]]
+    # the registered pyfunc answers for hidden-state rows
+    model = mlflow.pyfunc.load_model(f"models:/speccap-wisv-head/{report['version']}")
+    ex = judged.head(2)
+    rows = pd.concat([pd.DataFrame(ex["h_edge"].tolist()).add_prefix("e"),
+                      pd.DataFrame(ex["h_cloud"].tolist()).add_prefix("c"),
+                      pd.DataFrame([[2.0, 2.0, 0.05, 0.0]] * 2).add_prefix("csi")], axis=1).astype("float32")
+    out = model.predict(rows)
+    assert list(out.columns) == ["p_reject", "reject"] and ((out["p_reject"] >= 0) & (out["p_reject"] <= 1)).all()
+    with pytest.raises(Exception, match="csi0"):  # the signature names the missing column
+        model.predict(rows.drop(columns=["csi0"]))
+
+    result = wisv_eval_flow(str(pfile))
+    summary = json.loads((tmp_path / "reports/wisv/summary.json").read_text())
+    assert all(c["status"] == "FINISHED" for c in summary["configs"])
+    rules = {(c["language"], c.get("channel"), c["rule"]) for c in summary["configs"] if c["method"] == "ugsd"}
+    assert rules == {(lang, ch, r) for lang in ("en", "zh") for ch in ("fast", "markov")
+                     for r in ("greedy", "rank", "wisv")}
+    # each channel's runs are logged with that channel's link
+    runs = [r for r in tracker.runs() if r["params"].get("channel") == "fast"]
+    assert runs and {r["params"]["uplink_mbps"] for r in runs} == {"500.0"}
+    md = (tmp_path / "reports/wisv/wisv.md").read_text()
+    assert "+60.8%" in md and "| en | fast | 3 | wisv |" in md and "selective-hidden ms" in md
+    assert (tmp_path / "reports/wisv/wisv.png").stat().st_size > 5000
+    assert len(result["deltas"]) == 4
+    # a rerun resumes: every configuration's records are reused
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "reports/wisv_runs").iterdir()}
+    wisv_eval_flow(str(pfile))
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "reports/wisv_runs").iterdir()} == before
