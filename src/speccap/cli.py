@@ -79,6 +79,8 @@ def _cmd_caption(args) -> int:
             settings = settings_from_params(decode, max_new, args.seed, args.qs_level or params.qs.level)
             if champion:
                 settings.gate = _champion_gate(params, args.threshold)
+            if args.rule == "wisv":
+                settings.rule = _wisv_rule(params, args)
             rec = speculative(edge, cloud, mel, args.language, settings, link)
         _print_caption(args, path, rec, args.mode, clip.notes)
     return 0
@@ -90,10 +92,21 @@ def _decode_overrides(params, args):
     import dataclasses
     champion = args.gate == "champion"
     overrides = {k: v for k, v in (("gate", None if champion else args.gate), ("threshold", args.threshold),
-                                   ("block_len", args.block_len), ("rank", args.rank), ("rule", args.rule),
+                                   ("block_len", args.block_len), ("rank", args.rank),
+                                   # wisv: greedy localization here, its head added by the caller
+                                   ("rule", "greedy" if args.rule == "wisv" else args.rule),
                                    ("temperature", args.temperature), ("in_flight", getattr(args, "in_flight", None)))
                  if v is not None}
     return dataclasses.replace(params.decode, **overrides), champion
+
+
+def _wisv_rule(params, args):
+    """WISV with the head trained by the wisv_head stage (or --wisv-head), at --tau or wisv.tau."""
+    from .decoding.wisv import WISV
+    from .gating.wisv import load_head
+    from .pipeline.wisv import head_path
+    head = load_head(args.wisv_head or head_path(params))
+    return WISV(head, params.wisv.tau if args.tau is None else args.tau, params.wisv.protocol)
 
 
 def _print_caption(args, path, rec, mode: str, notes) -> None:
@@ -173,8 +186,11 @@ def _add_decoding_options(s) -> None:
                         "in the MLflow registry, at its own threshold unless --threshold)")
     s.add_argument("--threshold", type=float, help="gate threshold (entropy gamma, margin delta, log-prob)")
     s.add_argument("--block-len", type=int, help="draft length L; 0 = UGSD adaptive (default: decode.block_len)")
-    s.add_argument("--rule", choices=("greedy", "rank", "spec_sampling", "qs", "sq"),
-                   help="verification rule (qs: lossless quantize-then-sample; needs --temperature > 0)")
+    s.add_argument("--rule", choices=("greedy", "rank", "spec_sampling", "qs", "sq", "wisv"),
+                   help="verification rule (qs: lossless quantize-then-sample, needs --temperature > 0; wisv: "
+                        "greedy localization with the CSI-aware head tolerating some mismatches, in-process only)")
+    s.add_argument("--tau", type=float, help="wisv: tolerate a mismatch when P(reject) < tau (default: wisv.tau)")
+    s.add_argument("--wisv-head", type=Path, help="wisv: the decision head (default: models/wisv/head.pt)")
     s.add_argument("--qs-level", type=int, help="lattice level of qs / sq (default: qs.level)")
     s.add_argument("--rank", type=int, help="R of the rank rule")
     s.add_argument("--temperature", type=float, help="0 = greedy; > 0 = sampling (default: decode.temperature)")

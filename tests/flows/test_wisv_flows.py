@@ -2,6 +2,8 @@
 and registry: hidden-state traces, the head trained, registered and served as a pyfunc, and the
 evaluation over channels with its report."""
 
+import contextlib
+import io
 import json
 import shutil
 
@@ -53,6 +55,19 @@ def test_wisv_chain_end_to_end(tiny_project, tmp_path, monkeypatch):
     assert list(out.columns) == ["p_reject", "reject"] and ((out["p_reject"] >= 0) & (out["p_reject"] <= 1)).all()
     with pytest.raises(Exception, match="csi0"):  # the signature names the missing column
         model.predict(rows.drop(columns=["csi0"]))
+
+    # the command line captions with the trained head; a missing head is a clear error
+    from speccap.cli import main
+    from speccap.data.manifest import manifest_path, read_manifest
+    wav = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]["path"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):  # stdout only: Prefect's log handler holds on to stderr
+        assert main(["--params", str(pfile), "caption", wav, "--mode", "ugsd", "--gate", "always", "--rule", "wisv",
+                     "--tau", "1.0", "--json"]) == 0
+        assert main(["--params", str(pfile), "caption", wav, "--mode", "ugsd", "--rule", "wisv",
+                     "--wisv-head", str(tmp_path / "none.pt")]) == 2
+    out = json.loads(buf.getvalue().strip().splitlines()[0])
+    assert out["rounds"] > 0 and out["corrected"] <= out["rounds"] and "tolerated" in out
 
     result = wisv_eval_flow(str(pfile))
     summary = json.loads((tmp_path / "reports/wisv/summary.json").read_text())
