@@ -70,6 +70,10 @@ def train_wisv_head(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_
     w = params.wisv
     opts = dict(csi_draws=w.csi_draws, kappa=w.kappa, temperature=w.policy_temperature, b_min=w.budget_min,
                 b_max=w.budget_max)
+    for split, df in (("train", train), ("validation", val)):
+        if judged(df).empty:
+            raise ValueError(f"the WISV {split} traces hold no judged mismatches with hidden states: trace more "
+                             f"clips (wisv.traces.train_clips / val_clips) or check the models")
     tr = head_dataset(judged(train), np.random.default_rng(params.seed), **opts)
     va = head_dataset(judged(val), np.random.default_rng(params.seed + 1), **opts)
     head = train_head(tr["h_edge"], tr["h_cloud"], tr["csi"], tr["label"], w.epochs, w.lr, w.hidden, params.seed,
