@@ -8,3 +8,27 @@ def prefect_server():
     from prefect.testing.utilities import prefect_test_harness
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture
+def own_project(tiny_project, tmp_path, monkeypatch):
+    """The tiny project's params with its own copy of the models and its own MLflow store in
+    tmp_path (the working directory): `make(experiment, **sections)` writes tmp_path/params.yaml
+    with those sections replaced and returns (params, raw params, its path)."""
+    import shutil
+
+    import yaml
+    params, _, params_file = tiny_project
+
+    def make(experiment: str, **sections):
+        raw = yaml.safe_load(params_file.read_text())
+        shutil.copytree(params.models.dir, tmp_path / "models")
+        raw["models"]["dir"] = str(tmp_path / "models")
+        raw["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": experiment}
+        raw.update(sections)
+        pfile = tmp_path / "params.yaml"
+        pfile.write_text(yaml.safe_dump(raw))
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        return params, raw, pfile
+    return make

@@ -4,32 +4,22 @@ MLflow SQLite store and registry; then `speccap caption --gate champion` uses th
 import contextlib
 import io
 import json
-import shutil
 
 import pandas as pd
-import yaml
 
 from speccap.data.manifest import manifest_path, read_manifest
 from speccap.tracking import Tracker
 
 
-def test_gate_chain_end_to_end(tiny_project, tmp_path, monkeypatch):
+def test_gate_chain_end_to_end(own_project, tmp_path):
     from flows.gate_eval import gate_eval_flow
     from flows.gates import gates_flow
     from flows.promote import promote_flow
     from flows.traces import traces_flow
     from speccap.cli import main
-    params, _, params_file = tiny_project
-    raw = yaml.safe_load(params_file.read_text())
-    shutil.copytree(params.models.dir, tmp_path / "models")
-    raw["models"]["dir"] = str(tmp_path / "models")
-    raw["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "gates-test"}
-    raw["gates"] = {"traces": {"train_clips": 4, "val_clips": 2, "block_len": 2}, "budgets": [0.3, 0.6],
-                    "promote_budget": 0.3, "eval_clips": 2}
-    pfile = tmp_path / "params.yaml"
-    pfile.write_text(yaml.safe_dump(raw))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params, raw, pfile = own_project("gates-test", gates={
+        "traces": {"train_clips": 4, "val_clips": 2, "block_len": 2}, "budgets": [0.3, 0.6], "promote_budget": 0.3,
+        "eval_clips": 2})
 
     summary = traces_flow(str(pfile))
     train = pd.read_parquet(tmp_path / "data/traces/train.parquet")

@@ -5,33 +5,23 @@ evaluation over channels with its report."""
 import contextlib
 import io
 import json
-import shutil
 
 import mlflow
 import pandas as pd
 import pytest
-import yaml
 
 from speccap.tracking import Tracker
 
 
-def test_wisv_chain_end_to_end(tiny_project, tmp_path, monkeypatch):
+def test_wisv_chain_end_to_end(own_project, tmp_path):
     from flows.wisv_eval import wisv_eval_flow
     from flows.wisv_head import wisv_head_flow
-    params, _, params_file = tiny_project
-    raw = yaml.safe_load(params_file.read_text())
-    shutil.copytree(params.models.dir, tmp_path / "models")
-    raw["models"]["dir"] = str(tmp_path / "models")
-    raw["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "wisv-test"}
     # the tiny models barely change a caption by one token: a margin below 0 makes most mismatches critical
-    raw["wisv"] = {"traces": {"train_clips": 4, "val_clips": 2, "block_len": 2, "critical_margin": -1.0},
-                   "epochs": 50, "csi_draws": 3, "block_lens": [3], "eval_clips": 2, "protocol": "auto",
-                   "channels": {"fast": {"name": "fast", "uplink_mbps": 500, "downlink_mbps": 1000, "rtt_ms": 5},
-                                "markov": {"name": "markov", "rtt_ms": 20, "markov": {}}}}
-    pfile = tmp_path / "params.yaml"
-    pfile.write_text(yaml.safe_dump(raw))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params, raw, pfile = own_project("wisv-test", wisv={
+        "traces": {"train_clips": 4, "val_clips": 2, "block_len": 2, "critical_margin": -1.0},
+        "epochs": 50, "csi_draws": 3, "block_lens": [3], "eval_clips": 2, "protocol": "auto",
+        "channels": {"fast": {"name": "fast", "uplink_mbps": 500, "downlink_mbps": 1000, "rtt_ms": 5},
+                     "markov": {"name": "markov", "rtt_ms": 20, "markov": {}}}})
 
     with pytest.raises(FileNotFoundError, match="wisv_head"):
         wisv_eval_flow(str(pfile))  # no head yet: a clear message, nothing run
