@@ -12,6 +12,7 @@ from prefect import get_run_logger, task
 from tqdm import tqdm
 
 from speccap.config import Params
+from speccap.fanout import WorkerDied
 from speccap.pipeline.sweep import (Pool, RunConfig, config_key, link_config, models_fingerprint, run_config,
                                    summarize)
 from speccap.tracking import Tracker
@@ -47,7 +48,7 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
         on_dask = run_on_dask(params, params_path, [(c, keys[c], clips[c.language]) for c in configs], runs_dir)
         _POOL["pool"] = None
     else:
-        _POOL["pool"] = Pool(params_path, params.sweep.workers, params.sweep.threads)
+        _POOL["pool"] = Pool(params_path, params.sweep.workers, params.sweep.threads, stage=stage)
     try:
         with tracker.sweep(f"{stage}-sweep-{sweep_key}", sweep_params, {"sweep_key": sweep_key, "stage": stage}) as parent:
             summary["parent_run_id"] = parent
@@ -68,6 +69,8 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
                         row["worker"] = on_dask[key]["worker"]
                     else:
                         raise RuntimeError(on_dask[key])
+                except WorkerDied:
+                    raise  # the stage stops: its records so far stay, a re-run continues
                 except Exception as exc:  # noqa: BLE001 - recorded as a FAILED run; the sweep goes on
                     log.error(f"{cfg.name} failed: {exc}")
                     if key not in done:

@@ -28,7 +28,7 @@ def wisv_head_flow(params_path: str | None = None) -> dict:
     w = params.wisv
     settings = trace_settings(params)
     total = sum(len(trace_clips(params, s, lang, w.traces)) for s in ("train", "val") for lang in params.data.languages)
-    pool = Pool(params_path, params.sweep.workers, params.sweep.threads, fn=trace_one)
+    pool = Pool(params_path, params.sweep.workers, params.sweep.threads, fn=trace_one, stage="wisv_head")
     bar = tqdm(total=total, desc="wisv traces", unit="clip")
     try:
         tables = collect(params, pool, WISV_TRACE_DIR, progress=bar.update, settings=settings, counts=w.traces)

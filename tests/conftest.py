@@ -59,3 +59,36 @@ def tiny_project(tmp_path_factory):
     params_file = root / "params.yaml"
     params_file.write_text(yaml.safe_dump(raw))
     return params, report, params_file
+
+
+def run_and_kill_a_worker(cmd: list[str], ready, sig: int, env=None, timeout: float = 240.0):
+    """Run `cmd`, wait until `ready()` (some work finished), send `sig` to one of its spawned worker
+    processes, and wait for it to end. Returns (returncode, stderr, seconds from the kill to the end)."""
+    import signal as _signal  # noqa: F401 - callers pass signal.SIG*
+    import subprocess
+    import time
+
+    import psutil
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    t0 = time.monotonic()
+    victim = None
+    while victim is None:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"{cmd} ended (rc {proc.returncode}) before a worker could be killed:\n{err[-3000:]}")
+        if time.monotonic() - t0 > timeout:
+            proc.kill()
+            raise AssertionError(f"{cmd}: no worker finished work within {timeout} s")
+        if ready():
+            workers = [c for c in psutil.Process(proc.pid).children()
+                       if "spawn_main" in " ".join(c.cmdline())]
+            victim = workers[0] if workers else None
+        time.sleep(0.05)
+    victim.send_signal(sig)
+    killed = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"{cmd} still running 60 s after one of its workers was killed: a hang") from None
+    return proc.returncode, err, time.monotonic() - killed

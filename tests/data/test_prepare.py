@@ -108,3 +108,32 @@ def test_features_are_byte_identical_across_runs(tmp_path):
     time.sleep(2.1)  # the zip timestamp resolution
     featurize(p, progress=False)
     assert {f.name: f.read_bytes() for f in feat.iterdir()} == first
+
+
+@pytest.mark.parametrize("sig", [__import__("signal").SIGKILL, __import__("signal").SIGSEGV])
+def test_a_killed_worker_stops_prepare_clearly_and_a_rerun_finishes(tmp_path, sig):
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    from ..conftest import run_and_kill_a_worker
+    raw = {"data": {"raw_dir": str(tmp_path / "raw"), "processed_dir": str(tmp_path / "processed"),
+                    "synthetic": {"train_per_language": 24, "val_per_language": 4, "test_per_language": 4, "workers": 2}}}
+    pfile = tmp_path / "params.yaml"
+    pfile.write_text(yaml.safe_dump(raw))
+    run = ("import sys; from speccap.config import load_params; from speccap.data.prepare import prepare; "
+           "prepare(load_params(sys.argv[1]), progress=False)")
+    journal = tmp_path / "raw" / "synthetic" / "corpus.partial.jsonl"
+    lines = lambda: len(journal.read_text().splitlines()) if journal.exists() else 0  # noqa: E731
+    rc, err, after = run_and_kill_a_worker([sys.executable, "-c", run, str(pfile)], lambda: lines() >= 3, sig)
+    assert rc != 0 and after < 30, (rc, after, err[-2000:])
+    last = err.strip().splitlines()[-1]
+    assert "WorkerDied: prepare: worker process" in last and f"killed by {signal.Signals(sig).name}" in last
+    assert "while working on clip" in last or "between two items (the last one it finished: clip" in last
+    kept = lines()
+    assert 3 <= kept < 64  # the journal keeps every clip rendered before the death
+    subprocess.run([sys.executable, "-c", run, str(pfile)], check=True, capture_output=True)
+    assert not journal.exists()
+    assert len((tmp_path / "raw" / "synthetic" / "corpus.jsonl").read_text().splitlines()) == 64

@@ -111,3 +111,46 @@ def test_wisv_configurations_run_on_their_channel_and_old_keys_stay():
     assert "channel" not in plain.to_dict() and "tau" not in plain.to_dict()
     with pytest.raises(ValueError, match="no channel 'lunar'"):
         link_config(p, RunConfig("ugsd", "en", "always", None, 4, "greedy", channel="lunar"))
+
+
+def _dies_on_one_clip(job):
+    """caption_one, except that the worker given the clip named in $SPECCAP_TEST_DIE_ON dies."""
+    import os
+    import signal
+
+    from speccap.pipeline.sweep import caption_one
+    if job[1] == os.environ.get("SPECCAP_TEST_DIE_ON"):
+        os.kill(os.getpid(), getattr(signal, os.environ["SPECCAP_TEST_SIGNAL"]))
+    return caption_one(job)
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGSEGV"])
+def test_a_dying_sweep_worker_stops_the_configuration_and_keeps_its_records(tiny_project, tmp_path, monkeypatch, sig):
+    import time
+
+    from speccap.data.manifest import manifest_path, read_manifest
+    from speccap.fanout import WorkerDied
+    params, _, params_file = tiny_project
+    clips = [c for split in ("train", "val", "test") for c in read_manifest(manifest_path(params.data.processed_dir, split, "en"))]
+    assert len(clips) == 9
+    monkeypatch.setenv("SPECCAP_TEST_DIE_ON", clips[5]["id"])
+    monkeypatch.setenv("SPECCAP_TEST_SIGNAL", sig)
+    cfg = RunConfig("ugsd", "en", "entropy", 3.0, 2, "rank", 2)
+    path = tmp_path / "cfg.jsonl"
+    pool = Pool(str(params_file), workers=2, threads=1, fn=_dies_on_one_clip, stage="decode")
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDied) as err:
+        run_config(cfg, clips, pool, path)
+    pool.close()
+    assert time.monotonic() - t0 < 60
+    e = err.value
+    assert e.stage == "decode" and e.item == f"clip {clips[5]['id']} of {cfg.name}" and f"killed by {sig}" in str(e)
+    kept = path.read_text().splitlines()
+    assert len(kept) == e.done >= 1
+    # the re-run captions only what is missing
+    monkeypatch.delenv("SPECCAP_TEST_DIE_ON")
+    pool = Pool(str(params_file), workers=2, threads=1, stage="decode")
+    calls = []
+    records = run_config(cfg, clips, pool, path, progress=lambda: calls.append(1))
+    pool.close()
+    assert len(records) == 9 and len(calls) == 9 - len(kept)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from collections import Counter
 from functools import partial
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..config import Params
+from ..fanout import fan_out
 from .manifest import append_jsonl, manifest_path, read_jsonl, write_jsonl
 from .mer2024 import load_mer2024
 from .synthetic import SPLITS, make_clip, plan_corpus
@@ -42,16 +42,15 @@ def prepare_synthetic(params: Params, progress: bool = True) -> dict:
     done = {r["id"]: r for r in (read_jsonl(journal, tolerate_partial_last_line=True) if journal.exists() else [])}
     todo = [p for p in plans if p.clip_id not in done]
     work = partial(make_clip, wav_dir=wav_dir, references_per_clip=syn.references_per_clip)
-    workers = min(syn.workers, max(1, len(todo)))
+    workers = max(1, min(syn.workers, len(todo)))
     bar = tqdm(total=len(plans), initial=len(plans) - len(todo), desc="render corpus", unit="clip",
                disable=not progress)
     # Always in spawned workers: rendering forks per clip, which is only safe in a process
     # without other threads (this one may be running Prefect's).
-    with mp.get_context("spawn").Pool(workers) as pool:
-        for rec in pool.imap_unordered(work, todo, chunksize=8):
-            append_jsonl(journal, rec)
-            done[rec["id"]] = rec
-            bar.update()
+    for rec in fan_out(work, todo, workers, stage="prepare", key=lambda p: f"clip {p.clip_id}"):
+        append_jsonl(journal, rec)
+        done[rec["id"]] = rec
+        bar.update()
     bar.close()
     corpus = [done[p.clip_id] for p in plans]
     write_jsonl(raw / "corpus.jsonl", corpus)

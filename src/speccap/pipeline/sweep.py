@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import statistics
 import traceback
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Params, load_params
+from ..fanout import WorkerPool
 from ..data.manifest import append_jsonl, manifest_path, read_jsonl, read_manifest
 from ..metrics.caption import score_captions
 
@@ -229,29 +229,29 @@ class Loaded:
         pass
 
 
+def job_name(job: tuple) -> str:
+    """What a worker holds, for error messages: a caption job (config dict, clip id) or a trace job
+    (clip id, split, language, ...)."""
+    if isinstance(job[0], dict):
+        return f"clip {job[1]} of {RunConfig(**job[0]).name}"
+    return f"clip {job[0]} ({job[2]}, {job[1]} split)"
+
+
 class Pool:
     """Worker processes holding the models; `workers=0` runs in this process (tests, debugging).
-    `fn` is the job function (module-level, takes one job, reads the models from `_W`)."""
+    `fn` is the job function (module-level, takes one job, reads the models from `_W`). A worker
+    that dies raises `WorkerDied` from `imap` (speccap.fanout): the records written so far stay."""
 
-    def __init__(self, params_path: str | None, workers: int, threads: int, fn=None):
+    def __init__(self, params_path: str | None, workers: int, threads: int, fn=None, stage: str = "decode"):
         self.workers = workers
         self.fn = fn or caption_one
-        if workers > 0:
-            self.pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker,
-                                                     initargs=(params_path, threads))
-        else:
-            _init_worker(params_path, threads)
-            self.pool = None
+        self.pool = WorkerPool(self.fn, workers, stage=stage, initializer=_init_worker, initargs=(params_path, threads))
 
     def imap(self, jobs):
-        if self.pool is None:
-            return map(self.fn, jobs)
-        return self.pool.imap_unordered(self.fn, jobs, chunksize=4)
+        return self.pool.imap_unordered(jobs, key=job_name)
 
     def close(self):
-        if self.pool is not None:
-            self.pool.close()
-            self.pool.join()
+        self.pool.close()
 
 
 def run_config(cfg: RunConfig, clips: list[dict], pool: Pool, path: Path, progress=None) -> list[dict]:

@@ -1,0 +1,69 @@
+"""The shared fan-out: a worker that dies is an error within seconds, naming the stage, the signal
+and the item, and every result finished before it has been handed over."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from speccap.fanout import WorkerDied, WorkerPool, describe_exit, fan_out
+
+_STATE = {}
+
+
+def _init(offset):
+    _STATE["offset"] = offset
+
+
+def _work(x):
+    """Item 13 ends its worker the way the test asks; the others take a moment each."""
+    how, i = x
+    time.sleep(0.02)
+    if i == 13:
+        if how == "raise":
+            raise ValueError("item 13 is bad")
+        os.kill(os.getpid(), getattr(signal, how))
+    return i + _STATE.get("offset", 0)
+
+
+@pytest.mark.parametrize("how,name", [("SIGKILL", "SIGKILL"), ("SIGSEGV", "SIGSEGV")])
+def test_a_dying_worker_is_a_clear_error_within_seconds(how, name):
+    got = []
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDied) as err:
+        for r in fan_out(_work, [(how, i) for i in range(60)], 2, stage="demo", key=lambda x: f"item {x[1]}"):
+            got.append(r)
+    assert time.monotonic() - t0 < 30
+    e = err.value
+    assert e.stage == "demo" and e.item == "item 13" and e.exitcode == -getattr(signal, how)
+    assert str(e).startswith(f"demo: worker process {e.pid} died (killed by {name}") and "while working on item 13" in str(e)
+    # what finished before the death was handed over, and nothing after item 13 could have been lost silently
+    assert e.done == len(got) and set(got) <= set(range(60)) - {13} and len(got) >= 5
+
+
+def test_an_exception_in_the_task_propagates_unchanged():
+    with pytest.raises(ValueError, match="item 13 is bad"):
+        list(fan_out(_work, [("raise", i) for i in range(20)], 2, stage="demo"))
+
+
+def test_initializer_and_results_in_workers_and_in_process():
+    items = [("none", i) for i in range(30) if i != 13]
+    for workers in (0, 2):
+        out = sorted(fan_out(_work, items, workers, stage="demo", initializer=_init, initargs=(100,)))
+        assert out == sorted(i + 100 for _, i in items)
+
+
+def test_a_pool_is_closed_after_a_death_and_says_so():
+    pool = WorkerPool(_work, 2, stage="sweep")
+    with pytest.raises(WorkerDied):
+        list(pool.imap_unordered([("SIGKILL", i) for i in range(20)]))
+    assert pool.closed
+    with pytest.raises(RuntimeError, match="sweep: this worker pool is closed"):
+        list(pool.imap_unordered([("none", 1)]))
+
+
+def test_describe_exit():
+    assert describe_exit(-9).startswith("killed by SIGKILL")
+    assert describe_exit(-11).startswith("killed by SIGSEGV")
+    assert describe_exit(3) == "exit code 3" and describe_exit(None) == "exit status unknown"
