@@ -10,17 +10,26 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import librosa
 import numpy as np
+
+from ..numba_cache import ensure_warm
 
 PROSODY_KEYS = ("f0_mean", "f0_std", "f0_min", "f0_max", "f0_range_st", "f0_slope_st_per_s",
                 "f0_half_change_st", "energy_mean_db", "energy_std_db", "energy_half_change_db",
                 "voiced_fraction", "onset_rate", "pause_fraction", "duration")
 
 
+def _librosa():
+    """librosa, imported only once the numba cache is known to load (speccap.numba_cache): some of
+    its numba functions compile as their module is imported."""
+    ensure_warm()
+    import librosa
+    return librosa
+
+
 @lru_cache(maxsize=8)
 def _mel_filters(sr: int, n_fft: int, n_mels: int) -> np.ndarray:
-    return librosa.filters.mel(sr=sr, n_fft=n_fft, n_mels=n_mels, fmin=0.0, fmax=sr / 2,
+    return _librosa().filters.mel(sr=sr, n_fft=n_fft, n_mels=n_mels, fmin=0.0, fmax=sr / 2,
                                htk=False, norm="slaney").astype(np.float32)
 
 
@@ -62,6 +71,7 @@ def _semitones(f0: np.ndarray) -> np.ndarray:
 
 def prosody(samples: np.ndarray, sr: int = 16000) -> dict[str, float]:
     """Pitch / energy / voicing / rate summaries of one clip (floats; NaN-free)."""
+    librosa = _librosa()
     x = np.asarray(samples, dtype=np.float32)
     hop = 160
     duration = len(x) / sr

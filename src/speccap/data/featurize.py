@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import multiprocessing as mp
 import os
 import zipfile
 from functools import partial
@@ -19,6 +18,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from ..config import Params
+from ..fanout import fan_out
+from ..numba_cache import ensure_warm
 from .audio_io import AudioError, read_audio
 from .features import PROSODY_KEYS, clip_log_mel, prosody
 from .manifest import manifest_path, read_manifest
@@ -88,17 +89,13 @@ def featurize(params: Params, progress: bool = True) -> dict:
     todo = sorted(items.items())
     bar = tqdm(total=len(todo), desc="featurize", unit="clip", disable=not progress)
     workers = min(f.workers, len(todo))
-    if workers > 1:
-        with mp.get_context("spawn").Pool(workers) as pool:
-            results = pool.imap_unordered(work, todo, chunksize=16)
-            for r in results:
-                (skips if "skip" in r else rows).append(r)
-                bar.update()
-    else:
-        for item in todo:
-            r = work(item)
-            (skips if "skip" in r else rows).append(r)
-            bar.update()
+    # compile librosa's numba functions here, once, before any worker could race to (numba_cache)
+    ensure_warm()
+    # each clip's file is written by its worker as it finishes: a worker's death loses no finished clip
+    for r in fan_out(work, todo, workers if workers > 1 else 0, stage="featurize",
+                     key=lambda item: f"clip {item[0]} ({item[1]})"):
+        (skips if "skip" in r else rows).append(r)
+        bar.update()
     bar.close()
     table = pd.DataFrame(rows).sort_values("id").reset_index(drop=True)
     table.to_parquet(out_dir.parent / "features.parquet", index=False)
