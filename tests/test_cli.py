@@ -46,3 +46,28 @@ def test_resolve_writes_a_file_per_stage(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.glob("*.json")) == sorted(f"{s}.json" for s in stages)
     assert {"wisv_head", "wisv_eval", "gate_eval"} <= stages
     assert "decode.json" in capsys.readouterr().out
+
+
+def test_caption_refuses_damaged_and_too_short_audio_and_says_when_it_trims(tiny_project, tmp_path, capsys):
+    import numpy as np
+    import soundfile as sf
+
+    from speccap.models.language_mask import CJK
+    _, _, pfile = tiny_project
+    t = np.arange(16000 * 2) / 16000
+    speech_like = (0.3 * np.sin(2 * np.pi * 180 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    nan = speech_like.copy()
+    nan[500:520] = np.nan
+    sf.write(tmp_path / "nan.wav", nan, 16000, subtype="FLOAT")
+    sf.write(tmp_path / "blip.wav", speech_like[:800], 16000)
+    sf.write(tmp_path / "long.wav", np.tile(speech_like, 300), 16000)  # ten minutes
+    for name, problem in (("nan.wav", "20 of 32000 samples are NaN or infinite (a damaged float WAV?); nothing to caption from"),
+                          ("blip.wav", "too short to caption: 0.050 s (the minimum is 0.5 s)")):
+        assert main(["--params", str(pfile), "caption", str(tmp_path / name), "--mode", "ugsd"]) == 2
+        err = capsys.readouterr().err
+        assert err.strip().splitlines()[-1] == f"speccap caption: error: {tmp_path / name}: {problem}"
+    assert main(["--params", str(pfile), "caption", str(tmp_path / "long.wav"), "--mode", "ugsd", "--language", "en"]) == 0
+    out = capsys.readouterr()
+    assert f"{tmp_path / 'long.wav'}: note: trimmed from 600.0 s to its first 30.0 s" in out.err
+    caption = out.out.split(": ", 1)[1].split("\n")[0]
+    assert caption.strip() and not CJK.search(caption)

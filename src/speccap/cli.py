@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError, load_params
+from .fanout import WorkerDied
+from .numba_cache import NumbaCacheError
 
 
 def _cmd_prepare(args) -> int:
@@ -115,6 +117,8 @@ def _print_caption(args, path, rec, mode: str, notes) -> None:
         print(json.dumps({"file": str(path), "caption": rec.caption, "mode": mode, "language": args.language,
                           "notes": notes, **metrics}, ensure_ascii=False), flush=True)
         return
+    for note in notes:  # what was done to the input (trimmed, resampled, ...): said, never silent
+        print(f"{path}: note: {note}", file=sys.stderr, flush=True)
     m = rec.metrics()
     extra = f"  [rho {m['rho']:.2f}, {m['rounds']} rounds]" if mode in ("ugsd", "networked") else ""
     if m.get("in_flight"):
@@ -327,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError, LookupError, ConnectionError) as exc:
         print(f"speccap {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except (WorkerDied, NumbaCacheError) as exc:  # the stage's earlier results are kept; the message says what next
+        print(f"speccap {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -97,3 +97,19 @@ def test_write_wav_is_atomic_and_roundtrips(tmp_path, tone):
     write_wav(p, tone(300, 0.5))
     assert p.exists() and not (tmp_path / "sub" / "x.wav.part").exists()
     assert sf.info(str(p)).samplerate == 16000
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_float_wav_with_non_finite_samples_is_refused(tone, write_audio, bad):
+    x = tone(200, 1.0).astype(np.float32)
+    x[100:110] = bad
+    path = write_audio("nan.wav", x, subtype="FLOAT")
+    with pytest.raises(AudioError, match=r"nan\.wav: 10 of 16000 samples are NaN or infinite"):
+        read_audio(path)
+
+
+def test_too_short_clip_is_refused(tone, write_audio):
+    path = write_audio("blip.wav", tone(200, 0.05))
+    with pytest.raises(AudioError, match=r"blip\.wav: too short to caption: 0\.050 s \(the minimum is 0\.5 s\)"):
+        read_audio(path)
+    assert read_audio(write_audio("ok.wav", tone(200, 0.5))).seconds == pytest.approx(0.5)

@@ -12,7 +12,9 @@ from .conftest import Fixed, UGSDAdaptive, link, settings
 CASES = [
     dict(gate="always", rule="greedy", policy=Fixed(3)),
     dict(gate="always", rule="rank", rank=3, policy=UGSDAdaptive(2, 4, 8)),
-    dict(gate="entropy", threshold=4.2, rule="greedy", policy=Fixed(2)),
+    # the random tiny models are near uniform over the ~61 tokens an English caption may hold (entropy
+    # about ln 61 = 4.11 nats): 4.105 escalates some blocks and keeps others
+    dict(gate="entropy", threshold=4.105, rule="greedy", policy=Fixed(2)),
     dict(gate="always", rule="spec_sampling", temperature=1.0, policy=Fixed(4), seed=5),
     dict(gate="always", rule="qs", temperature=1.0, policy=Fixed(4), seed=6),
 ]

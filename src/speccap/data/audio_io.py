@@ -21,6 +21,9 @@ _BLOCK_FRAMES = 1 << 16
 SILENCE_PEAK = 5e-4
 # Share of samples at full scale above which a clip is flagged as clipped (kept, but noted).
 CLIPPED_SHARE = 0.01
+# Shorter clips are refused: under half a second there is no utterance to caption (the corpus's
+# shortest clips last about a second), and the models would only produce noise.
+MIN_SECONDS = 0.5
 
 
 class AudioError(ValueError):
@@ -76,10 +79,11 @@ def _check_wav_header(path: Path) -> None:
 
 
 def read_audio(path: str | os.PathLike, max_seconds: float | None = None,
-               target_sr: int = TARGET_SR) -> Clip:
+               target_sr: int = TARGET_SR, min_seconds: float = MIN_SECONDS) -> Clip:
     """Load any libsndfile-readable file as mono float32 at `target_sr`.
 
-    Raises AudioError for a missing, empty, unreadable, truncated or silent file.
+    Raises AudioError for a missing, empty, unreadable, truncated, silent or too short
+    (< `min_seconds`) file, and for one holding NaN or infinite samples (a damaged float WAV).
     Longer files are trimmed to `max_seconds` (noted), reading no further than needed.
     """
     path = Path(path)
@@ -96,6 +100,9 @@ def read_audio(path: str | os.PathLike, max_seconds: float | None = None,
         raise AudioError(path, f"not a readable audio file ({exc})") from None
     if info.frames == 0 or info.samplerate <= 0:
         raise AudioError(path, "audio file holds no samples")
+    if info.frames / info.samplerate < min_seconds:
+        raise AudioError(path, f"too short to caption: {info.frames / info.samplerate:.3f} s "
+                               f"(the minimum is {min_seconds:g} s)")
 
     notes: list[str] = []
     limit = None if max_seconds is None else int(round(max_seconds * info.samplerate))
@@ -107,7 +114,7 @@ def read_audio(path: str | os.PathLike, max_seconds: float | None = None,
         notes.append(f"downmixed {info.channels} channels to mono")
 
     pieces: list[np.ndarray] = []
-    read = 0
+    read = nonfinite = 0
     try:
         with sf.SoundFile(str(path)) as fh:
             while limit is None or read < limit:
@@ -116,6 +123,10 @@ def read_audio(path: str | os.PathLike, max_seconds: float | None = None,
                 if len(block) == 0:
                     break
                 read += len(block)
+                bad = ~np.isfinite(block)
+                if bad.any():  # checked before resampling, which would smear one NaN over its neighbours
+                    nonfinite += int(bad.any(axis=1).sum())
+                    continue
                 mono = block.mean(axis=1) if block.shape[1] > 1 else block[:, 0]
                 last = len(block) < want or (limit is not None and read >= limit)
                 if resampler is not None:
@@ -126,10 +137,14 @@ def read_audio(path: str | os.PathLike, max_seconds: float | None = None,
     except (sf.LibsndfileError, RuntimeError) as exc:
         raise AudioError(path, f"audio data unreadable ({exc})") from None
 
+    if nonfinite:
+        raise AudioError(path, f"{nonfinite} of {read} samples are NaN or infinite (a damaged float WAV?); "
+                               "nothing to caption from")
     samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
     source_seconds = info.frames / info.samplerate
     if limit is not None and info.frames > limit:
-        notes.append(f"trimmed from {source_seconds:.1f} s to {max_seconds:.1f} s")
+        notes.append(f"trimmed from {source_seconds:.1f} s to its first {max_seconds:.1f} s "
+                     "(data.max_clip_seconds); the rest is not captioned")
     if len(samples) == 0:
         raise AudioError(path, "audio file holds no samples")
     peak = float(np.max(np.abs(samples)))

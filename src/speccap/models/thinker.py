@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from . import language_mask
 from .base import AudioLM, Session, StepOutput
 
 
@@ -53,6 +54,7 @@ class ThinkerLM(AudioLM):
         self.audio_end_id = getattr(cfg, "audio_end_token_id", None) or cfg.audio_start_token_id + 1
         self.audio_id = cfg.audio_token_id
         self._vocab = cfg.get_text_config().vocab_size
+        self._blocked: dict[tuple[str, int], torch.Tensor] = {}
 
     @property
     def tokenizer(self):
@@ -84,6 +86,15 @@ class ThinkerLM(AudioLM):
         n_audio = audio_token_count(self.model, n_frames)
         return prefix + [self.audio_start_id] + [self.audio_id] * n_audio + [self.audio_end_id] + suffix
 
+    def blocked_ids(self, language: str) -> torch.Tensor:
+        """Token ids a caption in `language` may not contain (models.language_mask); the vocab
+        limit can change after loading (shared_vocab), so the mask is kept per size."""
+        key = (language, self.vocab_size)
+        if key not in self._blocked:
+            self._blocked[key] = language_mask.blocked_ids(self._tokenizer, self.vocab_size, language,
+                                                           self._eos).to(self.device)
+        return self._blocked[key]
+
     def start(self, features: np.ndarray, language: str) -> "ThinkerSession":
         return ThinkerSession(self, features, language)
 
@@ -109,7 +120,8 @@ class ThinkerSession(Session):
         self.cache = out.past_key_values
         self.prompt_len = ids.shape[1]
         self.rope_delta = int(delta.reshape(-1)[0])
-        self.prefill_logits = out.logits[0, -1, : lm.vocab_size].float()
+        self.blocked = lm.blocked_ids(language)
+        self.prefill_logits = language_mask.apply(out.logits[0, -1, : lm.vocab_size].float(), self.blocked)
 
     @property
     def length(self) -> int:
@@ -127,7 +139,7 @@ class ThinkerSession(Session):
                             output_hidden_states=return_hidden)
         self.cache = out.past_key_values
         hidden = out.hidden_states[-1][0].float() if return_hidden else None
-        return StepOutput(out.logits[0, :, : self.lm.vocab_size].float(), hidden)
+        return StepOutput(language_mask.apply(out.logits[0, :, : self.lm.vocab_size].float(), self.blocked), hidden)
 
     def rollback(self, n: int) -> None:
         if n < 0 or n > self.length:
