@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from ..config import Params, gate_decode
+from .markdown import md_table
 from .gates import learned_names
 from .sweep import RunConfig
 
@@ -65,8 +66,7 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT) -> dict:
               "gap closed %"]
     fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) and abs(v) < 1 else  # noqa: E731
                                            f"{v:.1f}" if isinstance(v, float) else str(v))
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    lines = [md_table(header, rows, fmt)]
     target_lines = []
     for lang, r in result["languages"].items():
         for name, t in r["target"].items():

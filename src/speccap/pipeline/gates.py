@@ -35,9 +35,9 @@ def is_learned(name: str) -> bool:
     return name.startswith(("logistic-", "lightgbm-"))
 
 
-def _auc(y: np.ndarray, s: np.ndarray) -> float | None:
+def roc_auc(y: np.ndarray, s: np.ndarray) -> float | None:
     from sklearn.metrics import roc_auc_score
-    return float(roc_auc_score(y, s)) if 0 < y.sum() < len(y) else None
+    return float(roc_auc_score(y, s)) if 0 < np.sum(y) < len(y) else None
 
 
 def importances(model: GateModel) -> pd.DataFrame:
@@ -88,8 +88,8 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
         curves[name] = (pred, frac)
         imp = importances(model)
         imp.to_csv(out / f"{name}.importance.csv", index=False)
-        entry = {"kind": kind, "target": target, "thresholds": thresholds, "auc_mismatch": _auc(y_mis, s),
-                 "auc_critical": _auc(y_crit, s), "top_features": imp["feature"].head(5).tolist(), **model.meta}
+        entry = {"kind": kind, "target": target, "thresholds": thresholds, "auc_mismatch": roc_auc(y_mis, s),
+                 "auc_critical": roc_auc(y_crit, s), "top_features": imp["feature"].head(5).tolist(), **model.meta}
         with open(out / f"{name}.pkl", "wb") as fh:
             pickle.dump({"model": model, "thresholds": thresholds,
                          "threshold": _thresholds(val, s, [g.promote_budget])[str(g.promote_budget)], "name": name}, fh)
@@ -99,7 +99,7 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
         result["gates"][rule] = {"kind": "rule", "target": "-",
                                  "thresholds": {b: {lang: _rule_threshold(rule, t) for lang, t in per.items()}
                                                 for b, per in _thresholds(val, s, g.budgets).items()},
-                                 "auc_mismatch": _auc(y_mis, s), "auc_critical": _auc(y_crit, s)}
+                                 "auc_mismatch": roc_auc(y_mis, s), "auc_critical": roc_auc(y_crit, s)}
     calibration_plot(curves, out / "calibration.png")
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     return result

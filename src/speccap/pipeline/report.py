@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..config import Params  # noqa: E402
+from .markdown import md_table  # noqa: E402
 
 QUALITY = (("bleu1", "BLEU-1"), ("bleu4", "BLEU-4"), ("meteor", "METEOR"), ("rouge_l", "ROUGE-L"))
 EFFICIENCY = (("ttft", "TTFT s"), ("itps", "ITPS /s"), ("otps", "OTPS /s"), ("oet", "OET s"),
@@ -25,9 +26,7 @@ def _fmt(v, nd=2):
 
 
 def _table(header: list[str], rows: list[list]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(_fmt(x) for x in r) + " |" for r in rows]
-    return "\n".join(out) + "\n"
+    return md_table(header, rows, _fmt) + "\n"
 
 
 def _at_default_gate(c: dict, params: Params) -> bool:

@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 from ..config import Params
+from .gates import roc_auc
+from .markdown import md_table
 from .sweep import RunConfig
 
 WISV_TRACE_DIR = Path("data/wisv_traces")
@@ -57,11 +59,6 @@ def judged(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["h_edge"].notna()]
 
 
-def _auc(y, s) -> float | None:
-    from sklearn.metrics import roc_auc_score
-    return float(roc_auc_score(y, s)) if 0 < np.sum(y) < len(y) else None
-
-
 def train_wisv_head(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir: Path | None = None) -> dict:
     """Relabel, train, measure on validation, save the head and its plot. Returns the head's report."""
     import torch
@@ -90,8 +87,8 @@ def train_wisv_head(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_
         "train_mismatches": int(len(judged(train))), "val_mismatches": int(len(judged(val))),
         "train_repair_share": float(tr["label"].mean()), "val_repair_share": float(va["label"].mean()),
         "val_critical_share": float(crit.mean()),
-        "train_auc": _auc(tr["label"], p_tr), "val_auc": _auc(va["label"], p_val),
-        "val_auc_critical": _auc(va["critical"], p_val),
+        "train_auc": roc_auc(tr["label"], p_tr), "val_auc": roc_auc(va["label"], p_val),
+        "val_auc_critical": roc_auc(va["critical"], p_val),
         "val_accuracy": float((reject == (va["label"] == 1)).mean()), "tau": w.tau,
         # CSI-awareness: repairs asked for on poor vs good channels (labels, then the head)
         "label_repair_poor": float(va["label"][poor].mean()) if poor.any() else None,
@@ -226,8 +223,7 @@ def _fmt(v) -> str:
 
 
 def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(_fmt(v) for v in r) + " |" for r in rows])
+    return md_table(header, rows, _fmt)
 
 
 def _markdown(params: Params, r: dict) -> str:
