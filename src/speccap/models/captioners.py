@@ -8,8 +8,10 @@ from pathlib import Path
 import torch
 
 from ..config import Params
+from ..data.emotions import EMOTIONS
 from ..data.featurize import load_clip_features
 from ..data.manifest import manifest_path, read_manifest
+from ..fanout import fan_out
 from .configs import build_model
 from .loading import embedded_prompt
 from .thinker import ThinkerLM
@@ -33,7 +35,8 @@ def load_examples(params: Params, split: str, tokenizer) -> list[Example]:
             except FileNotFoundError:
                 continue  # skipped by featurize (reported there)
             caps = [tokenizer.encode(r, add_special_tokens=False) for r in rec["references"]]
-            out.append(Example(rec["id"], torch.from_numpy(mel).to(torch.float16), caps, lang))
+            emotion = EMOTIONS.index(rec["emotion"]) if rec.get("emotion") in EMOTIONS else -1
+            out.append(Example(rec["id"], torch.from_numpy(mel).to(torch.float16), caps, lang, emotion))
     return out
 
 
@@ -47,6 +50,33 @@ def build_tokenizer(params: Params):
     return train_tokenizer(texts, params.models.tokenizer_vocab)
 
 
+def _train_role(job: tuple[Params, str, bool]) -> dict:
+    """Train one embedded role in this (worker) process and save it; returns its report entry.
+
+    Each role trains in a process of its own, with its own fixed thread count and deterministic
+    kernels, so the same seed gives bit-identical weights on every run (two roles sharing one
+    process's thread pool did not), and edge and cloud train side by side on two cores."""
+    params, role, progress = job
+    spec = getattr(params.models, role)
+    torch.set_num_threads(spec.train.threads)
+    torch.use_deterministic_algorithms(True)
+    models_dir = Path(params.models.dir)
+    tokenizer = load_tokenizer(models_dir / "tokenizer")
+    train, val = load_examples(params, "train", tokenizer), load_examples(params, "val", tokenizer)
+    special = special_ids(tokenizer)
+    model = build_model(spec.family, len(tokenizer), spec.size, special, params.features.n_mels, params.seed)
+    lm = ThinkerLM(model, tokenizer, embedded_prompt(tokenizer), special.eos, name=f"{role}:embedded")
+    fp = fingerprint(spec.size, spec.train, params.seed, spec.family,
+                     [e.clip_id for e in train] + [str(params.features.hop_length), str(len(tokenizer))])
+    out_dir = models_dir / role
+    result = train_captioner(lm, train, val, spec.train, params.seed, out_dir, fp, desc=f"train {role}",
+                             progress=progress)
+    model.save_pretrained(str(out_dir))
+    (out_dir / "checkpoint.pt").unlink(missing_ok=True)  # finished: the resume point is no longer needed
+    return {"role": role, "backend": "embedded", "family": spec.family, "parameters": lm.num_parameters(),
+            "size": spec.size.__dict__, "threads": spec.train.threads, **result}
+
+
 def train_captioners(params: Params, progress: bool = True, roles=ROLES) -> dict:
     models_dir = Path(params.models.dir)
     tok_dir = models_dir / "tokenizer"
@@ -58,22 +88,16 @@ def train_captioners(params: Params, progress: bool = True, roles=ROLES) -> dict
     if not train or not val:
         raise ValueError(f"{params.data.processed_dir}: need featurized train and val clips (have {len(train)}, {len(val)})")
     report = {"tokenizer_vocab": len(tokenizer), "train_clips": len(train), "val_clips": len(val)}
-    special = special_ids(tokenizer)
+    embedded = []
     for role in roles:
         spec = getattr(params.models, role)
         if spec.backend != "embedded":
             report[role] = {"backend": spec.backend, "path": spec.path, "trained": False}
-            continue
-        model = build_model(spec.family, len(tokenizer), spec.size, special, params.features.n_mels, params.seed)
-        lm = ThinkerLM(model, tokenizer, embedded_prompt(tokenizer), special.eos, name=f"{role}:embedded")
-        fp = fingerprint(spec.size, spec.train, params.seed, spec.family,
-                         [e.clip_id for e in train] + [str(params.features.hop_length), str(len(tokenizer))])
-        out_dir = models_dir / role
-        result = train_captioner(lm, train, val, spec.train, params.seed, out_dir, fp, desc=f"train {role}",
-                                 progress=progress)
-        model.save_pretrained(str(out_dir))
-        (out_dir / "checkpoint.pt").unlink(missing_ok=True)  # finished: the resume point is no longer needed
-        report[role] = {"backend": "embedded", "family": spec.family, "parameters": lm.num_parameters(),
-                        "size": spec.size.__dict__, **result}
+        else:
+            embedded.append(role)
+    del train, val  # each role's process loads its own copy
+    jobs = [(params, role, progress) for role in embedded]
+    for result in fan_out(_train_role, jobs, len(jobs), stage="train", key=lambda job: f"the {job[1]} model"):
+        report[result.pop("role")] = result
     (models_dir / "train_report.json").write_text(json.dumps(report, indent=1))
     return report
