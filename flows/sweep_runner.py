@@ -77,13 +77,14 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
                         tracker.log_config(parent, key, cfg.name, run_params, {}, error=str(exc))
                     summary["configs"].append(row | {"status": "FAILED", "error": str(exc)})
                     continue
+                clip_stats = metrics.pop("clip_stats", None)  # per-clip numbers: in the summary, not MLflow
                 if key not in done:
                     positions = metrics.pop("position_acceptance", [])
                     tracker.log_config(parent, key, cfg.name, run_params, metrics,
                                        artifacts=[Path(runs_dir) / f"{key}.jsonl"],
                                        series={"position_acceptance": positions})
                     metrics["position_acceptance"] = positions
-                summary["configs"].append(row | {"status": "FINISHED", "metrics": metrics})
+                summary["configs"].append(row | {"status": "FINISHED", "metrics": metrics, "clip_stats": clip_stats})
     finally:
         pool = _POOL.pop("pool")
         if pool is not None:

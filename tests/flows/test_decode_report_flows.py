@@ -1,5 +1,6 @@
 """The decode and report stages as Prefect flows, end to end, against a real MLflow SQLite store."""
 
+import pytest
 import json
 import shutil
 
@@ -44,6 +45,10 @@ def test_sweep_logs_a_run_per_config_survives_a_failure_and_resumes(tiny_project
                 "ram_gb", "rho", "aal", "rounds", "bytes_up", "bytes_down"):
         assert key in edge_en["metrics"], key
     assert edge_en["params"]["method"] == "edge" and edge_en["params"]["language"] == "en"
+    # every quality figure with its 95% bootstrap interval, in MLflow too
+    for key in ("bleu1", "meteor", "rouge_l"):
+        m = edge_en["metrics"]
+        assert m[f"{key}_ci_low"] <= m[key] <= m[f"{key}_ci_high"], key
     failed = next(r for r in nested if r["name"] == "edge-zh")
     assert "failed" in failed["tags"]["error"]
     piped = next(r for r in nested if r["name"].endswith("-N2") and r["status"] == "FINISHED")
@@ -62,6 +67,13 @@ def test_sweep_logs_a_run_per_config_survives_a_failure_and_resumes(tiny_project
 
     metrics = report_flow(str(pfile))
     assert metrics["en"]["edge"]["bleu1"] >= 0 and metrics["configs"]["failed"] == 0
+    ci = metrics["intervals"]["en"]
+    edge_b1 = ci["methods"]["edge"]["bleu1"]
+    assert edge_b1["value"] == pytest.approx(metrics["en"]["edge"]["bleu1"]) and edge_b1["ci_low"] <= edge_b1["ci_high"]
+    diff = ci["differences"]["cloud-edge"]["meteor"]
+    assert diff["value"] == pytest.approx(ci["methods"]["cloud"]["meteor"]["value"] - ci["methods"]["edge"]["meteor"]["value"])
+    quality = (tmp_path / "reports" / "tables" / "quality.md").read_text()
+    assert "95% confidence intervals" in quality and "Cloud-only − Edge-only" in quality and "gap that" in quality
     for f in ("quality.md", "efficiency.md", "privacy.md", "l_sweep.md", "gates.md", "pipelined.md"):
         assert (tmp_path / "reports" / "tables" / f).read_text().count("|") > 10
     piped_table = (tmp_path / "reports" / "tables" / "pipelined.md").read_text()

@@ -18,7 +18,8 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu, sentence_bleu
+from nltk.translate.bleu_score import (SmoothingFunction, closest_ref_length, corpus_bleu, modified_precision,
+                                       sentence_bleu)
 from rouge_score import rouge_scorer
 
 from ..data.emotions import detect_emotion
@@ -119,7 +120,11 @@ def score_captions(hypotheses: list[str], references: list[list[str]], language:
         b4 = sentence_bleu(r_tok, h_tok, smoothing_function=smooth) if h_tok else 0.0
         rl = scorer.score_multi([r for r in refs if r.strip()], hyp)["rougeL"].fmeasure if h_tok else 0.0
         lang = caption_language(hyp)
+        # corpus BLEU-1's sufficient statistics (as nltk's corpus_bleu sums them), for the bootstrap
+        p1 = modified_precision(r_tok, h_tok, 1)
         rec = {"bleu1": 100 * b1, "bleu4": 100 * b4, "meteor": 100 * _meteor(r_tok, h_tok), "rouge_l": 100 * rl,
+               "bleu1_match": p1.numerator, "bleu1_count": p1.denominator, "hyp_len": len(h_tok),
+               "ref_len": closest_ref_length(r_tok, len(h_tok)),
                "language": lang, "wrong_language": lang is not None and lang != language, "empty": not hyp.strip()}
         if emotions is not None and emotions[i] is not None:
             rec["emotion_pred"] = detect_emotion(hyp, language)

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..config import Params  # noqa: E402
 from .markdown import md_table  # noqa: E402
+from .quality_table import quality_with_intervals  # noqa: E402
 
 QUALITY = (("bleu1", "BLEU-1"), ("bleu4", "BLEU-4"), ("meteor", "METEOR"), ("rouge_l", "ROUGE-L"))
 EFFICIENCY = (("ttft", "TTFT s"), ("itps", "ITPS /s"), ("otps", "OTPS /s"), ("oet", "OET s"),
@@ -64,7 +65,8 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
         pick[(lang, "ugsd")] = default_ugsd(ok, params, lang)
     methods = (("edge", "Edge-only"), ("ugsd", "UGSD (default)"), ("cloud", "Cloud-only"))
 
-    # Table 3-4 style: quality per method and language
+    # Table 3-4 style: quality per method and language, with 95% paired-bootstrap intervals
+    quality_md, quality_ci = quality_with_intervals(pick, langs, dict(methods))
     rows = []
     for m, label in methods:
         row = [label]
@@ -73,7 +75,8 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
             row += [c["metrics"].get(k) if c else None for k, _ in QUALITY]
         rows.append(row)
     header = ["method"] + [f"{n} {lang}" for lang in langs for _, n in QUALITY]
-    (out / "tables" / "quality.md").write_text("# Caption quality (test split, x100)\n\n" + _table(header, rows))
+    (out / "tables" / "quality.md").write_text(
+        quality_md + "\n## All figures (point estimates)\n\n" + _table(header, rows))
 
     # Table 2 style: efficiency
     rows = []
@@ -139,6 +142,7 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
                            ("bleu1", "bleu4", "meteor", "rouge_l", "emotion_hit_rate", "total_time", "otps", "rho", "aal")}
                           if pick[(lang, m)] else None) for m, _ in methods} for lang in langs}
     metrics["configs"] = {"finished": len(ok), "failed": len(failed)}
+    metrics["intervals"] = quality_ci  # per language: each method's CIs, paired differences, gap closed
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
     return metrics
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from ..config import Params, load_params
 from ..fanout import WorkerPool
 from ..data.manifest import append_jsonl, manifest_path, read_jsonl, read_manifest
+from ..metrics.bootstrap import ClipStats, with_intervals
 from ..metrics.caption import score_captions
 
 METHODS = ("edge", "cloud", "ugsd")
@@ -281,6 +282,10 @@ def summarize(cfg: RunConfig, records: list[dict], clips: list[dict]) -> dict:
     s = score_captions([r["caption"] for r in records], [c["references"] for c in clips], cfg.language,
                        [c.get("emotion") for c in clips])
     out = {k: v for k, v in s.summary().items() if isinstance(v, (int, float)) and v is not None}
+    # 95% paired-bootstrap intervals over the clips, and the per-clip numbers that pair methods later
+    stats = ClipStats.from_records([c["id"] for c in clips], s.per_caption)
+    out = with_intervals(out, stats)
+    out["clip_stats"] = stats.to_json()
     keys = ("ttft", "itps", "oet", "otps", "total_time", "edge_compute", "cloud_compute", "link_time", "tokens",
             "rounds", "drafted", "transmitted", "accepted", "corrected", "bonus", "tolerated", "hidden_requests",
             "bytes_up", "bytes_down",

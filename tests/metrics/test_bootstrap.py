@@ -1,0 +1,65 @@
+import numpy as np
+import pytest
+
+from speccap.metrics.bootstrap import ClipStats, difference, gap_closed, interval, with_intervals
+from speccap.metrics.caption import score_captions
+
+REFS = [["a woman speaks angrily with a loud voice"], ["a man speaks sadly and slowly"],
+        ["the speaker sounds happy and excited"], ["a calm neutral voice speaks"]] * 10
+GOOD = [r[0] for r in REFS]
+MID = ["a woman speaks with a loud voice", "a man speaks slowly", "the speaker sounds happy", "a calm voice"] * 10
+BAD = ["a voice", "someone talks", "the speaker speaks", "a man"] * 10
+IDS = [f"c{i}" for i in range(40)]
+
+
+def _stats(hyps, emotions=None):
+    s = score_captions(hyps, REFS, "en", emotions)
+    return s, ClipStats.from_records(IDS, s.per_caption)
+
+
+def test_point_estimates_equal_the_corpus_scores():
+    for hyps in (GOOD, MID, BAD):
+        s, st = _stats(hyps)
+        for key, value in (("bleu1", s.bleu1), ("meteor", s.meteor), ("rouge_l", s.rouge_l)):
+            ci = interval(st, key)
+            assert ci["value"] == pytest.approx(value, abs=1e-9)
+            assert ci["ci_low"] <= value + 1e-9 and ci["ci_high"] >= value - 1e-9
+
+
+def test_paired_difference_separates_methods_and_is_zero_for_the_same_method():
+    _, good = _stats(GOOD)
+    _, bad = _stats(BAD)
+    d = difference(good, bad, "bleu1")
+    assert d["ci_low"] > 0 and d["value"] > 30
+    same = difference(good, good, "meteor")
+    assert same == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+    with pytest.raises(ValueError, match="same clips in the same order"):
+        difference(good, ClipStats(IDS[::-1], good.columns), "bleu1")
+
+
+def test_gap_closed_and_when_the_gap_is_noise():
+    _, good = _stats(GOOD)
+    _, mid = _stats(MID)
+    _, bad = _stats(BAD)
+    g = gap_closed(bad, mid, good, "rouge_l")
+    assert g["significant_gap"] and 0 < g["ci_low"] <= g["value"] <= g["ci_high"] < 100
+    assert gap_closed(bad, good, good, "rouge_l")["value"] == pytest.approx(100)
+    # an edge and a cloud that differ only by noise: the gap's CI holds 0 and the share is flagged
+    rng = np.random.default_rng(0)
+    cols = lambda: {"meteor": rng.normal(50, 10, 40)}  # noqa: E731
+    noisy = gap_closed(ClipStats(IDS, cols()), ClipStats(IDS, cols()), ClipStats(IDS, cols()), "meteor")
+    assert not noisy["significant_gap"] and noisy["gap"]["ci_low"] < 0 < noisy["gap"]["ci_high"]
+
+
+def test_intervals_narrow_with_more_clips_and_emotion_hit_is_bootstrapped():
+    rng = np.random.default_rng(1)
+    small = ClipStats([str(i) for i in range(30)], {"meteor": rng.normal(50, 10, 30)})
+    large = ClipStats([str(i) for i in range(3000)], {"meteor": rng.normal(50, 10, 3000)})
+    w = lambda s: interval(s, "meteor")["ci_high"] - interval(s, "meteor")["ci_low"]  # noqa: E731
+    assert w(large) < 0.25 * w(small)
+    s, st = _stats(GOOD, ["angry", "sad", "happy", "neutral"] * 10)
+    m = with_intervals({"emotion_hit_rate": s.emotion_hit_rate}, st)
+    assert m["emotion_hit_rate_ci_low"] <= s.emotion_hit_rate <= m["emotion_hit_rate_ci_high"]
+    assert {"bleu1_ci_low", "meteor_ci_high", "rouge_l_ci_low"} <= set(m)
+    with pytest.raises(KeyError, match="no per-clip 'emotion_hit_rate'"):
+        interval(_stats(GOOD)[1], "emotion_hit_rate")
