@@ -31,6 +31,10 @@ class SyntheticParams:
     test_per_language: int = 332
     references_per_clip: int = 3
     workers: int = 2
+    # Each emotion's pitch, range, rate and volume are drawn around its profile with the profile's
+    # spread times this: below 1 the emotions overlap less, so hearing them is easier (the cue
+    # combinations that tell them apart stay the same).
+    cue_spread: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,9 @@ class TrainParams:
     eval_every: int = 50
     patience: int = 4  # evaluations without a better validation loss before stopping
     threads: int = 2
+    # weight of an auxiliary emotion loss during training only: a linear probe on the audio positions
+    # of the text model's input, discarded afterwards (0 = captions alone)
+    emotion_aux: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -385,6 +392,8 @@ def _validate(p: Params) -> None:
     for name in ("train_per_language", "val_per_language", "test_per_language", "references_per_clip", "workers"):
         if getattr(p.data.synthetic, name) < 1:
             raise ConfigError(f"params key data.synthetic.{name} must be >= 1")
+    if not 0 < p.data.synthetic.cue_spread <= 2:
+        raise ConfigError(f"params key data.synthetic.cue_spread must be in (0, 2], got {p.data.synthetic.cue_spread}")
     if p.data.max_clip_seconds <= 0:
         raise ConfigError("params key data.max_clip_seconds must be > 0")
     for role in ("edge", "cloud"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from functools import partial
 from pathlib import Path
@@ -32,10 +33,17 @@ def _language_view(corpus: list[dict], language: str) -> list[dict]:
 def prepare_synthetic(params: Params, progress: bool = True) -> dict:
     syn = params.data.synthetic
     sizes = {"train": syn.train_per_language, "val": syn.val_per_language, "test": syn.test_per_language}
-    plans = plan_corpus(params.seed, sizes, params.data.languages)
+    plans = plan_corpus(params.seed, sizes, params.data.languages, syn.cue_spread)
     raw = Path(params.data.raw_dir) / "synthetic"
     wav_dir = raw / "wav"
+    # WAVs on disk are reused only if they were rendered under the same corpus design
+    design = raw / "design.json"
+    want = json.dumps({"seed": params.seed, "cue_spread": syn.cue_spread})
+    if design.exists() and design.read_text() != want:
+        shutil.rmtree(wav_dir, ignore_errors=True)
+        (raw / "corpus.partial.jsonl").unlink(missing_ok=True)
     wav_dir.mkdir(parents=True, exist_ok=True)
+    design.write_text(want)
     # Records are appended as clips finish, so an interrupted run keeps its work; clips whose
     # WAV exists are not rendered again.
     journal = raw / "corpus.partial.jsonl"

@@ -47,19 +47,20 @@ class ClipPlan:
     split: str
     index: int
     seed: int
+    cue_spread: float = 1.0
 
     @property
     def rng_key(self) -> list[int]:
         return [self.seed, SPEECH_LANGUAGES.index(self.speech_language), SPLITS.index(self.split), self.index]
 
 
-def plan_corpus(seed: int, sizes: dict[str, int], languages=SPEECH_LANGUAGES) -> list[ClipPlan]:
-    return [ClipPlan(f"syn-{lang}-{split}-{i:05d}", lang, split, i, seed)
+def plan_corpus(seed: int, sizes: dict[str, int], languages=SPEECH_LANGUAGES, cue_spread: float = 1.0) -> list[ClipPlan]:
+    return [ClipPlan(f"syn-{lang}-{split}-{i:05d}", lang, split, i, seed, cue_spread)
             for lang in languages for split in SPLITS for i in range(sizes[split])]
 
 
-def _draw(rng: np.random.Generator, mean_std: tuple[float, float], lo: float, hi: float) -> float:
-    return float(np.clip(rng.normal(*mean_std), lo, hi))
+def _draw(rng: np.random.Generator, mean_std: tuple[float, float], lo: float, hi: float, spread: float = 1.0) -> float:
+    return float(np.clip(rng.normal(mean_std[0], mean_std[1] * spread), lo, hi))
 
 
 def _effect(rng: np.random.Generator, spec: tuple[float, float, float]) -> float:
@@ -77,10 +78,10 @@ def sample_cues(plan: ClipPlan, rng: np.random.Generator) -> Cues:
     return Cues(
         emotion=emotion, gender=gender, voice=voice, speech_language=plan.speech_language,
         text_en=text_en, text_zh=text_zh,
-        pitch=round(_draw(rng, prof.pitch, 5, 95) + offset, 1),
-        pitch_range=round(_draw(rng, prof.range, 5, 99), 1),
-        rate=round(_draw(rng, prof.rate, 90, 280), 1),
-        volume=round(_draw(rng, prof.volume, 40, 190), 1),
+        pitch=round(_draw(rng, prof.pitch, 5, 95, plan.cue_spread) + offset, 1),
+        pitch_range=round(_draw(rng, prof.range, 5, 99, plan.cue_spread), 1),
+        rate=round(_draw(rng, prof.rate, 90, 280, plan.cue_spread), 1),
+        volume=round(_draw(rng, prof.volume, 40, 190, plan.cue_spread), 1),
         contour=contour,
         tremor=_effect(rng, prof.tremor), breathiness=_effect(rng, prof.breathy),
         harshness=_effect(rng, prof.harsh),

@@ -31,6 +31,7 @@ class Example:
     mel: torch.Tensor  # (n_mels, frames) float16
     captions: list[list[int]]  # token ids of each reference
     language: str
+    emotion: int = -1  # index in data.emotions.EMOTIONS, -1 unknown (the auxiliary loss skips it)
 
 
 def make_batch(lm: ThinkerLM, examples: list[Example], choice: list[int]) -> dict[str, torch.Tensor]:
@@ -57,19 +58,29 @@ def make_batch(lm: ThinkerLM, examples: list[Example], choice: list[int]) -> dic
         labels[i, : len(t)] = torch.tensor(t)
         attn[i, : len(r)] = 1
     return {"input_ids": ids, "labels": labels, "attention_mask": attn, "input_features": feats,
-            "feature_attention_mask": fmask}
+            "feature_attention_mask": fmask, "emotion": torch.tensor([e.emotion for e in examples])}
 
 
-def batch_loss(lm: ThinkerLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def batch_loss(lm: ThinkerLM, batch: dict[str, torch.Tensor], probe: torch.nn.Module | None = None,
+               aux_weight: float = 0.0) -> torch.Tensor:
+    """Caption cross-entropy; with a `probe`, plus `aux_weight` x the emotion cross-entropy of a
+    linear probe on the mean of the audio positions of the text model's input embeddings."""
     model = lm.model
     positions, _ = model.model.get_rope_index(batch["input_ids"], None, None, batch["attention_mask"], False,
                                               batch["feature_attention_mask"].sum(-1), None)
+    aux = probe is not None and aux_weight > 0 and bool((batch["emotion"] >= 0).any())
     out = model(input_ids=batch["input_ids"], input_features=batch["input_features"],
                 feature_attention_mask=batch["feature_attention_mask"], attention_mask=batch["attention_mask"],
-                position_ids=positions, use_cache=False)
+                position_ids=positions, use_cache=False, output_hidden_states=aux)
     logits = out.logits[:, :-1].float()
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                              batch["labels"][:, 1:].reshape(-1), ignore_index=-100)
+    if aux:
+        audio = (batch["input_ids"] == lm.audio_id).unsqueeze(-1).float()
+        pooled = (out.hidden_states[0] * audio).sum(1) / audio.sum(1).clamp(min=1)
+        loss = loss + aux_weight * torch.nn.functional.cross_entropy(probe(pooled.float()), batch["emotion"],
+                                                                     ignore_index=-1)
+    return loss
 
 
 @torch.no_grad()
@@ -119,6 +130,12 @@ def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], set
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / "checkpoint.pt"
     model = lm.model
+    torch.manual_seed(seed)
+    probe = None
+    if settings.emotion_aux > 0:
+        from ..data.emotions import EMOTIONS
+        probe = torch.nn.Linear(model.config.get_text_config().hidden_size, len(EMOTIONS))
+        model.add_module("_emotion_probe", probe)  # trained, checkpointed and resumed with the model
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
@@ -149,7 +166,7 @@ def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], set
         choice = [int(rng.integers(len(e.captions))) for e in chunk]
         for group in opt.param_groups:
             group["lr"] = _lr_at(state["step"], settings)
-        loss = batch_loss(lm, make_batch(lm, chunk, choice))
+        loss = batch_loss(lm, make_batch(lm, chunk, choice), probe, settings.emotion_aux)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -177,6 +194,8 @@ def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], set
             os.replace(tmp, ckpt_path)
     bar.close()
     model.load_state_dict(best_weights)
+    if probe is not None:  # a training aid only: the saved captioner is the plain HF model
+        del model._modules["_emotion_probe"]
     model.eval()
     return {"steps": state["step"], "best_step": state["best_step"], "best_val_loss": state["best_loss"],
             "stopped_early": stopped_early, "train_seconds": state["seconds"], "history": state["history"]}
