@@ -205,8 +205,12 @@ def _plots(ok: list[dict], langs: list[str], lsweep: list[dict], out: Path) -> N
             for c in (c for c in ok if c["language"] == lang):
                 x = c["metrics"].get(xkey, 0.0) if not (xkey == "rho" and c["method"] != "ugsd") else \
                     (0.0 if c["method"] == "edge" else 1.0)
-                ax.scatter(x, c["metrics"]["bleu1"], color=colors[c["method"]], s=30,
-                           label=c["method"] if c["method"] != "ugsd" else "UGSD configs")
+                m = c["metrics"]
+                # the 95% bootstrap interval of BLEU-1 as an error bar (absent in older summaries)
+                yerr = ([[m["bleu1"] - m["bleu1_ci_low"]], [m["bleu1_ci_high"] - m["bleu1"]]]
+                        if "bleu1_ci_low" in m else None)
+                ax.errorbar(x, m["bleu1"], yerr=yerr, fmt="o", color=colors[c["method"]], ms=5, capsize=2,
+                            elinewidth=0.8, label=c["method"] if c["method"] != "ugsd" else "UGSD configs")
             handles, labels = ax.get_legend_handles_labels()
             uniq = dict(zip(labels, handles))
             ax.legend(uniq.values(), uniq.keys(), fontsize=8)
@@ -221,7 +225,10 @@ def _plots(ok: list[dict], langs: list[str], lsweep: list[dict], out: Path) -> N
     for lang in langs:
         pts = [c for c in lsweep if c["language"] == lang and c["block_len"]]
         xs = [c["block_len"] for c in pts]
-        axes[0].plot(xs, [c["metrics"]["bleu1"] for c in pts], marker="o", label=lang)
+        ys = [c["metrics"]["bleu1"] for c in pts]
+        err = [[y - c["metrics"].get("bleu1_ci_low", y) for y, c in zip(ys, pts)],
+               [c["metrics"].get("bleu1_ci_high", y) - y for y, c in zip(ys, pts)]]
+        axes[0].errorbar(xs, ys, yerr=err, marker="o", capsize=2, label=lang)
         axes[1].plot(xs, [c["metrics"]["total_time"] for c in pts], marker="o", label=lang)
     for ax, ylabel in zip(axes, ("BLEU-1", "total time per caption (s)")):
         ax.set_xscale("log")
@@ -235,7 +242,7 @@ def _plots(ok: list[dict], langs: list[str], lsweep: list[dict], out: Path) -> N
     fig, ax = plt.subplots(figsize=(6, 4))
     for c in lsweep:
         acc = c["metrics"].get("position_acceptance") or []
-        if c["block_len"] in (7, 10, 20) and acc:
+        if c["block_len"] in (5, 7) and acc:
             ax.plot(range(1, len(acc) + 1), acc, marker=".", label=f"{c['language']} L={c['block_len']}")
     ax.set_xlabel("position in block")
     ax.set_ylabel("acceptance rate")

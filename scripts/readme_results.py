@@ -1,0 +1,102 @@
+"""Rewrite the README's results block from the report files, so no number in it is typed by hand.
+
+    python scripts/readme_results.py            # after `make repro` (and benchmarks/pipeline.py)
+
+Reads reports/metrics.json and reports/decode_summary.json (the report and decode stages),
+models/train_report.json (train) and reports/pipeline.json (benchmarks/pipeline.py), and replaces
+what lies between the `<!-- results:begin -->` and `<!-- results:end -->` markers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+LABELS = {"edge": "edge-only", "ugsd": "UGSD default", "cloud": "cloud-only"}
+KEYS = (("bleu1", "BLEU-1"), ("meteor", "METEOR"), ("rouge_l", "ROUGE-L"), ("emotion_hit_rate", "emotion hit %"))
+# the testbed issue's targets: cloud - edge on BLEU-1 and emotion hit, the cloud's emotion hit
+TARGETS = {"bleu1": 8.0, "emotion_hit_rate": 25.0, "cloud_emotion": 80.0, "repro_s": 1800, "train_s": 600}
+
+
+def _ci(d: dict, signed: bool = False) -> str:
+    f = "{:+.1f}" if signed else "{:.1f}"
+    return f"{f.format(d['value'])} [{f.format(d['ci_low'])}, {f.format(d['ci_high'])}]"
+
+
+def _load(rel: str) -> dict | None:
+    p = ROOT / rel
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def render() -> str:
+    metrics = _load("reports/metrics.json")
+    if metrics is None or "intervals" not in metrics:
+        raise SystemExit("reports/metrics.json with intervals not found: run `make repro` first")
+    summary = _load("reports/decode_summary.json") or {"configs": []}
+    train = _load("models/train_report.json") or {}
+    bench = _load("reports/pipeline.json")
+    wrong = {(c["language"], c["method"]): c["metrics"].get("wrong_language_rate")
+             for c in summary["configs"] if c.get("status") == "FINISHED" and c["method"] in ("edge", "cloud")}
+    out = ["Numbers x100 with 95% paired-bootstrap intervals over the test clips (`reports/tables/quality.md`, "
+           "`reports/metrics.json`); written by `scripts/readme_results.py` from the report files.\n"]
+    checks = []
+    for lang, ci in metrics["intervals"].items():
+        rows = []
+        for m, label in LABELS.items():
+            mm = ci["methods"].get(m)
+            if mm:
+                rows.append(f"| {label} | " + " | ".join(_ci(mm[k]) if k in mm else "–" for k, _ in KEYS) + " |")
+        d = ci["differences"].get("cloud-edge", {})
+        if d:
+            rows.append("| cloud − edge | " + " | ".join(_ci(d[k], True) if k in d else "–" for k, _ in KEYS) + " |")
+        out.append(f"\n**{lang}**\n\n| | " + " | ".join(n for _, n in KEYS) + " |\n|---|---|---|---|---|\n"
+                   + "\n".join(rows) + "\n")
+        g = ci.get("ugsd_gap_closed", {}).get("bleu1")
+        if g:
+            out.append(f"\nUGSD at the default gate closes {_ci(g)} % of the BLEU-1 gap"
+                       + ("" if g["significant_gap"] else " (not meaningful: the gap is not significant)") + ".\n")
+        if d:
+            cloud_emo = ci["methods"]["cloud"].get("emotion_hit_rate", {}).get("value")
+            checks += [
+                f"{lang}: cloud − edge BLEU-1 {d['bleu1']['value']:+.1f} (target ≥ +{TARGETS['bleu1']:g}): "
+                + ("met" if d["bleu1"]["value"] >= TARGETS["bleu1"] else "NOT met"),
+                f"{lang}: cloud − edge emotion hit {d['emotion_hit_rate']['value']:+.1f} points (target ≥ "
+                f"+{TARGETS['emotion_hit_rate']:g}): "
+                + ("met" if d["emotion_hit_rate"]["value"] >= TARGETS["emotion_hit_rate"] else "NOT met"),
+                f"{lang}: cloud better on BLEU-1, METEOR and ROUGE-L with the CI of the difference above 0: "
+                + ("met" if all(d[k]["ci_low"] > 0 for k in ("bleu1", "meteor", "rouge_l")) else "NOT met"),
+                f"{lang}: cloud emotion hit {cloud_emo:.1f}% (target ≥ {TARGETS['cloud_emotion']:g}%): "
+                + ("met" if cloud_emo >= TARGETS["cloud_emotion"] else "NOT met"),
+                f"{lang}: wrong-language rate edge {wrong.get((lang, 'edge'))}%, cloud {wrong.get((lang, 'cloud'))}% "
+                "(target 0)"]
+    if train:
+        secs = {r: train[r]["train_seconds"] for r in ("edge", "cloud") if "train_seconds" in train.get(r, {})}
+        if secs:
+            checks.append(f"training (side by side, one thread each): edge {secs.get('edge', 0) / 60:.1f} min, "
+                          f"cloud {secs.get('cloud', 0) / 60:.1f} min (target ≤ {TARGETS['train_s'] / 60:g} min): "
+                          + ("met" if max(secs.values()) <= TARGETS["train_s"] else "NOT met"))
+    if bench:
+        checks.append(f"`dvc repro` from a clean clone (`reports/pipeline.md`, commit {bench.get('commit', '?')}): "
+                      f"{bench['dvc_repro_seconds'] / 60:.1f} min (target ≤ 30): "
+                      + ("met" if bench["dvc_repro_seconds"] <= TARGETS["repro_s"] else "NOT met")
+                      + f"; a no-op `dvc repro` {bench['noop_dvc_repro_seconds']:.1f} s")
+    out.append("\nThe testbed issue's targets, as measured:\n\n" + "\n".join(f"- {c}" for c in checks) + "\n")
+    return "".join(out)
+
+
+def main() -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        sys.exit(f"{readme}: the markers {BEGIN} / {END} are missing")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(head + BEGIN + "\n" + render() + END + tail)
+    print(f"{readme}: results block rewritten")
+
+
+if __name__ == "__main__":
+    main()
