@@ -29,18 +29,16 @@ def timed(cmd: str, cwd: Path, env: dict, log_path: Path | None = None) -> tuple
     """(seconds, output, [(stage, seconds from the start when DVC began it)]); output streamed to log_path."""
     t = time.perf_counter()
     starts, lines = [], []
-    log = open(log_path, "w") if log_path else None
-    proc = subprocess.Popen(cmd, shell=True, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1)
-    for line in proc.stdout:
-        lines.append(line)
-        m = _STAGE.match(line)
-        if m:
-            starts.append((m.group(1), time.perf_counter() - t))
-        if log:
+    with open(log_path or os.devnull, "w") as log, \
+            subprocess.Popen(cmd, shell=True, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, bufsize=1) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            m = _STAGE.match(line)
+            if m:
+                starts.append((m.group(1), time.perf_counter() - t))
             log.write(f"[{time.perf_counter() - t:7.1f}] {line}")
             log.flush()
-    proc.wait()
     dt = time.perf_counter() - t
     out = "".join(lines)
     if proc.returncode != 0:
@@ -62,7 +60,8 @@ def main() -> None:
     env.pop("MLFLOW_TRACKING_URI", None)
     try:
         subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
-        (clone / ".git" / "info" / "exclude").open("a").write("/.cold-numba-cache/\n")
+        with (clone / ".git" / "info" / "exclude").open("a") as fh:
+            fh.write("/.cold-numba-cache/\n")
         if args.profile != "default":
             p = clone / "params.yaml"
             p.write_text(p.read_text().replace("profile: default", f"profile: {args.profile}"))

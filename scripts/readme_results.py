@@ -13,17 +13,14 @@ import json
 import sys
 from pathlib import Path
 
+from speccap.pipeline.quality_table import METRICS, format_ci
+
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 LABELS = {"edge": "edge-only", "ugsd": "UGSD default", "cloud": "cloud-only"}
-KEYS = (("bleu1", "BLEU-1"), ("meteor", "METEOR"), ("rouge_l", "ROUGE-L"), ("emotion_hit_rate", "emotion hit %"))
+KEYS = METRICS
 # the testbed issue's targets: cloud - edge on BLEU-1 and emotion hit, the cloud's emotion hit
 TARGETS = {"bleu1": 8.0, "emotion_hit_rate": 25.0, "cloud_emotion": 80.0, "repro_s": 1800, "train_s": 600}
-
-
-def _ci(d: dict, signed: bool = False) -> str:
-    f = "{:+.1f}" if signed else "{:.1f}"
-    return f"{f.format(d['value'])} [{f.format(d['ci_low'])}, {f.format(d['ci_high'])}]"
 
 
 def _load(rel: str) -> dict | None:
@@ -48,15 +45,15 @@ def render() -> str:
         for m, label in LABELS.items():
             mm = ci["methods"].get(m)
             if mm:
-                rows.append(f"| {label} | " + " | ".join(_ci(mm[k]) if k in mm else "–" for k, _ in KEYS) + " |")
+                rows.append(f"| {label} | " + " | ".join(format_ci(mm[k]) if k in mm else "–" for k, _ in KEYS) + " |")
         d = ci["differences"].get("cloud-edge", {})
         if d:
-            rows.append("| cloud − edge | " + " | ".join(_ci(d[k], True) if k in d else "–" for k, _ in KEYS) + " |")
+            rows.append("| cloud − edge | " + " | ".join(format_ci(d[k], True) if k in d else "–" for k, _ in KEYS) + " |")
         out.append(f"\n**{lang}**\n\n| | " + " | ".join(n for _, n in KEYS) + " |\n|---|---|---|---|---|\n"
                    + "\n".join(rows) + "\n")
         g = ci.get("ugsd_gap_closed", {}).get("bleu1")
         if g:
-            out.append(f"\nUGSD at the default gate closes {_ci(g)} % of the BLEU-1 gap"
+            out.append(f"\nUGSD at the default gate closes {format_ci(g)} % of the BLEU-1 gap"
                        + ("" if g["significant_gap"] else " (not meaningful: the gap is not significant)") + ".\n")
         if d:
             cloud_emo = ci["methods"]["cloud"].get("emotion_hit_rate", {}).get("value")

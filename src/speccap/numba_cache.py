@@ -47,10 +47,11 @@ def default_cache_dir() -> Path:
 
 def configure() -> Path:
     """Set NUMBA_CACHE_DIR (unless set) to our own cache; returns the directory in force."""
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(default_cache_dir()))
-    if "numba" in sys.modules:  # numba read its settings already: make it read them again
-        from numba.core import config
-        config.reload_config()
+    if "NUMBA_CACHE_DIR" not in os.environ:
+        os.environ["NUMBA_CACHE_DIR"] = str(default_cache_dir())
+        if "numba" in sys.modules:  # numba read its settings already: make it read them again
+            from numba.core import config
+            config.reload_config()
     return Path(os.environ["NUMBA_CACHE_DIR"])
 
 

@@ -63,6 +63,8 @@ def _train_role(job: tuple[Params, str, bool]) -> dict:
     models_dir = Path(params.models.dir)
     tokenizer = load_tokenizer(models_dir / "tokenizer")
     train, val = load_examples(params, "train", tokenizer), load_examples(params, "val", tokenizer)
+    if not train or not val:
+        raise ValueError(f"{params.data.processed_dir}: need featurized train and val clips (have {len(train)}, {len(val)})")
     special = special_ids(tokenizer)
     model = build_model(spec.family, len(tokenizer), spec.size, special, params.features.n_mels, params.seed)
     lm = ThinkerLM(model, tokenizer, embedded_prompt(tokenizer), special.eos, name=f"{role}:embedded")
@@ -73,7 +75,8 @@ def _train_role(job: tuple[Params, str, bool]) -> dict:
                              progress=progress)
     model.save_pretrained(str(out_dir))
     (out_dir / "checkpoint.pt").unlink(missing_ok=True)  # finished: the resume point is no longer needed
-    return {"role": role, "backend": "embedded", "family": spec.family, "parameters": lm.num_parameters(),
+    return {"role": role, "clips": (len(train), len(val)), "backend": "embedded", "family": spec.family,
+            "parameters": lm.num_parameters(),
             "size": spec.size.__dict__, "threads": spec.train.threads, **result}
 
 
@@ -83,11 +86,7 @@ def train_captioners(params: Params, progress: bool = True, roles=ROLES) -> dict
     tokenizer = build_tokenizer(params)
     save_tokenizer(tokenizer, tok_dir)
     tokenizer = load_tokenizer(tok_dir)  # exactly what inference will load
-    train = load_examples(params, "train", tokenizer)
-    val = load_examples(params, "val", tokenizer)
-    if not train or not val:
-        raise ValueError(f"{params.data.processed_dir}: need featurized train and val clips (have {len(train)}, {len(val)})")
-    report = {"tokenizer_vocab": len(tokenizer), "train_clips": len(train), "val_clips": len(val)}
+    report = {"tokenizer_vocab": len(tokenizer)}
     embedded = []
     for role in roles:
         spec = getattr(params.models, role)
@@ -95,9 +94,10 @@ def train_captioners(params: Params, progress: bool = True, roles=ROLES) -> dict
             report[role] = {"backend": spec.backend, "path": spec.path, "trained": False}
         else:
             embedded.append(role)
-    del train, val  # each role's process loads its own copy
+    # each role's process loads the clips itself (and refuses an empty split)
     jobs = [(params, role, progress) for role in embedded]
     for result in fan_out(_train_role, jobs, len(jobs), stage="train", key=lambda job: f"the {job[1]} model"):
+        report["train_clips"], report["val_clips"] = result.pop("clips")
         report[result.pop("role")] = result
     (models_dir / "train_report.json").write_text(json.dumps(report, indent=1))
     return report

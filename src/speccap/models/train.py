@@ -130,10 +130,10 @@ def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], set
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / "checkpoint.pt"
     model = lm.model
-    torch.manual_seed(seed)
     probe = None
     if settings.emotion_aux > 0:
         from ..data.emotions import EMOTIONS
+        torch.manual_seed(seed)  # the probe's initial weights, before the optimizer that trains them
         probe = torch.nn.Linear(model.config.get_text_config().hidden_size, len(EMOTIONS))
         model.add_module("_emotion_probe", probe)  # trained, checkpointed and resumed with the model
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]

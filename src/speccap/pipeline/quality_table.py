@@ -10,7 +10,8 @@ METRICS = (("bleu1", "BLEU-1"), ("meteor", "METEOR"), ("rouge_l", "ROUGE-L"), ("
 PAIRS = (("cloud", "edge"), ("ugsd", "edge"), ("cloud", "ugsd"))
 
 
-def _ci(d: dict | None, signed: bool = False) -> str:
+def format_ci(d: dict | None, signed: bool = False) -> str:
+    """'71.1 [69.9, 72.3]' (or '+8.4 [+7.0, +9.8]' signed) from {value, ci_low, ci_high}."""
     if d is None:
         return "–"
     f = "{:+.1f}" if signed else "{:.1f}"
@@ -46,7 +47,7 @@ def quality_with_intervals(pick: dict, langs: list[str], labels: dict[str, str])
             res["methods"][m] = {k: interval(s, k) for k in keys} if s else None
             wrong = (pick[(lang, m)] or {}).get("metrics", {}).get("wrong_language_rate")
             rows.append([f"{label} (n = {len(s.ids)})" if s else label]
-                        + [_ci(res["methods"][m][k]) if s else "–" for k in keys]
+                        + [format_ci(res["methods"][m][k]) if s else "–" for k in keys]
                         + ["–" if wrong is None else f"{wrong:.1f}"])
         parts.append(f"\n## {lang}\n\n" + md_table(["method"] + [n for k, n in METRICS if k in keys]
                                                      + ["wrong language %"], rows) + "\n")
@@ -56,7 +57,7 @@ def quality_with_intervals(pick: dict, langs: list[str], labels: dict[str, str])
                 continue
             d = {k: difference(stats[a], stats[b], k) for k in keys}
             res["differences"][f"{a}-{b}"] = d
-            rows.append([f"{labels[a]} − {labels[b]}"] + [_ci(d[k], signed=True) for k in keys])
+            rows.append([f"{labels[a]} − {labels[b]}"] + [format_ci(d[k], signed=True) for k in keys])
         if rows:
             parts.append("\n" + md_table(["difference"] + [n for k, n in METRICS if k in keys], rows) + "\n")
         if all(stats.get(m) is not None for m in ("edge", "ugsd", "cloud")):
@@ -66,8 +67,9 @@ def quality_with_intervals(pick: dict, langs: list[str], labels: dict[str, str])
                     continue
                 g = gap_closed(stats["edge"], stats["ugsd"], stats["cloud"], k)
                 res["ugsd_gap_closed"][k] = g
-                verdict = (f"{_ci(g)} % of a gap of {_ci(g['gap'], signed=True)}" if g["significant_gap"] else
-                           f"not meaningful: the gap itself, {_ci(g['gap'], signed=True)}, is not above 0")
+                gap = format_ci(g["gap"], signed=True)
+                verdict = (f"{format_ci(g)} % of a gap of {gap}" if g["significant_gap"] else
+                           f"not meaningful: the gap itself, {gap}, is not above 0")
                 lines.append(f"- {name}: {verdict}")
             parts.append(f"\nShare of the edge → cloud gap that {labels['ugsd']} closes:\n\n" + "\n".join(lines) + "\n")
     return "".join(parts), result
