@@ -54,8 +54,8 @@ def _train_role(job: tuple[Params, str, bool]) -> dict:
     """Train one embedded role in this (worker) process and save it; returns its report entry.
 
     Each role trains in a process of its own, with its own fixed thread count and deterministic
-    kernels, so the same seed gives bit-identical weights on every run (two roles sharing one
-    process's thread pool did not), and edge and cloud train side by side on two cores."""
+    kernels, so the same seed and features give bit-identical weights on every run, and edge and
+    cloud train side by side on two cores."""
     params, role, progress = job
     spec = getattr(params.models, role)
     torch.set_num_threads(spec.train.threads)
