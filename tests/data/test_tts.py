@@ -41,3 +41,27 @@ def test_prosody_knobs_change_the_sound(speaker):
 def test_unknown_voice_is_a_clear_error(speaker):
     with pytest.raises(TTSError, match="no voice named 'xx-nonexistent'"):
         speaker.say("hello", "xx-nonexistent", Prosody())
+
+
+def test_same_utterance_same_samples_in_any_order_and_process(speaker, tmp_path):
+    # eSpeak NG carries state between utterances and seeds its noise itself: without the forked,
+    # seeded rendering the second `first` differs from the first by a few samples
+    args = ("Hello there, how are you today", "en+f3", Prosody())
+    first = speaker.say(*args)
+    speaker.say("Something else entirely, much longer than before.", "cmn+m1", Prosody(pitch=80))
+    again = speaker.say(*args)
+    assert np.array_equal(first, again)
+    out = tmp_path / "x.npy"
+    import subprocess
+    import sys
+    code = ("import numpy as np; from speccap.data.tts import Prosody, Speaker; "
+            f"np.save({str(out)!r}, Speaker().say('Hello there, how are you today', 'en+f3', Prosody()))")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert np.array_equal(np.load(out), first)
+
+
+def test_a_dead_renderer_is_a_clear_error(speaker, monkeypatch):
+    import os
+    monkeypatch.setattr(Speaker, "_render", lambda *a: os.kill(os.getpid(), 9))
+    with pytest.raises(TTSError, match="process rendering .* died"):
+        speaker.say("hello", "en", Prosody())

@@ -9,8 +9,6 @@ processes, as `prepare` does.
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,26 +139,10 @@ def render(c: Cues, speaker: Speaker, rng: np.random.Generator) -> np.ndarray:
 
 
 def render_to_file(c: Cues, rng_key: list[int], path: Path) -> float:
-    """Render in a forked child with a pristine eSpeak and write the WAV; returns its seconds.
-
-    eSpeak NG carries synthesis state from one utterance to the next (the same call twice in
-    one process gives different samples; in two fresh processes, identical ones). A child
-    forked per clip starts from the same state every time, which makes each clip a pure
-    function of its seed whatever order or worker renders it.
-    """
-    pid = os.fork()
-    if pid == 0:  # child: render, write, exit without running the parent's cleanup
-        code = 1
-        try:
-            write_wav(path, render(c, Speaker(), np.random.default_rng(rng_key)))
-            code = 0
-        except BaseException as exc:  # noqa: BLE001 - report and leave; the parent raises
-            print(f"rendering {path.name} failed: {exc!r}", file=sys.stderr)
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0 or not path.exists():
-        raise RuntimeError(f"{path}: rendering failed in the child process (status {status})")
+    """Render the clip and write its WAV; returns its seconds. A pure function of the cues and the
+    seed, whatever order or worker renders it (tts.Speaker renders each utterance from a pristine
+    eSpeak state with a fixed noise seed)."""
+    write_wav(path, render(c, Speaker(), np.random.default_rng(rng_key)))
     return sf.info(str(path)).duration
 
 

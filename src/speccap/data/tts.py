@@ -3,11 +3,21 @@
 The pip wheel `espeakng-loader` ships libespeak-ng and its voice data (English and Mandarin
 among them). The library keeps global state, so one `Speaker` per process: the corpus
 renderer gives each worker process its own.
+
+Determinism. eSpeak NG's output depends on more than its input: its noise generator has its own
+seed, and the synthesizer carries state from one utterance into the next (the same text twice in
+a row gives two waveforms, a few samples apart in length), so a clip's audio depended on which
+clips its worker had rendered before it, and two clean runs of `prepare` differed. Re-initializing
+the library does not reset that state. So `say` renders each utterance in a child forked from a
+process that has never synthesized, with the noise seed fixed: the same (text, voice, prosody)
+gives the same samples in any order, in any process.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,21 +45,28 @@ class Prosody:
     volume: int = 100
 
 
+@functools.cache
+def _engine() -> tuple[ctypes.CDLL, int]:
+    """The library, initialized once per process (the sample rate with it): initializing it again
+    changes what later utterances sound like, so every Speaker of a process shares this one."""
+    try:
+        import espeakng_loader
+    except ImportError as exc:  # pragma: no cover - it is a pinned dependency
+        raise TTSError("the espeakng-loader package is not installed (pip install espeakng-loader)") from exc
+    lib = ctypes.cdll.LoadLibrary(espeakng_loader.get_library_path())
+    lib.espeak_Initialize.restype = ctypes.c_int
+    lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
+    rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, espeakng_loader.get_data_path().encode(), 0)
+    if rate <= 0:
+        raise TTSError(f"espeak_Initialize failed (returned {rate})")
+    return lib, rate
+
+
 class Speaker:
     """Synthesises text with a named eSpeak voice (e.g. 'en+f3', 'cmn+m1') at chosen prosody."""
 
     def __init__(self):
-        try:
-            import espeakng_loader
-        except ImportError as exc:  # pragma: no cover - it is a pinned dependency
-            raise TTSError("the espeakng-loader package is not installed (pip install espeakng-loader)") from exc
-        self._lib = ctypes.cdll.LoadLibrary(espeakng_loader.get_library_path())
-        self._lib.espeak_Initialize.restype = ctypes.c_int
-        rate = self._lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0,
-                                           espeakng_loader.get_data_path().encode(), 0)
-        if rate <= 0:
-            raise TTSError(f"espeak_Initialize failed (returned {rate})")
-        self.sample_rate = rate
+        self._lib, self.sample_rate = _engine()
         self._chunks: list[np.ndarray] = []
 
         def _collect(wav, n, _events):
@@ -58,15 +75,41 @@ class Speaker:
             return 0
 
         self._callback = _CALLBACK(_collect)  # keep a reference: the C side holds only a pointer
-        self._lib.espeak_SetSynthCallback(self._callback)
-        self._voice: str | None = None
 
-    def say(self, text: str, voice: str, prosody: Prosody) -> np.ndarray:
-        """Return float32 samples in [-1, 1] at `self.sample_rate`."""
-        if voice != self._voice:
-            if self._lib.espeak_SetVoiceByName(voice.encode()) != 0:
-                raise TTSError(f"eSpeak has no voice named {voice!r}")
-            self._voice = voice
+    def say(self, text: str, voice: str, prosody: Prosody, seed: int = 0) -> np.ndarray:
+        """Return float32 samples in [-1, 1] at `self.sample_rate`, rendered in a forked child (see
+        the module's docstring); `seed` fixes eSpeak's noise generator."""
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: render, send "ok" + samples or "er" + the message, and leave at once
+            code = 0
+            try:
+                os.close(read_end)
+                try:
+                    body = b"ok" + self._render(text, voice, prosody, seed).tobytes()
+                except TTSError as exc:
+                    body = b"er" + str(exc).encode()
+                with os.fdopen(write_end, "wb") as fh:
+                    fh.write(body)
+            except BaseException:  # noqa: BLE001 - a child never returns into the caller's code
+                code = 1
+            os._exit(code)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as fh:
+            body = fh.read()
+        _, status = os.waitpid(pid, 0)
+        if body[:2] == b"er":
+            raise TTSError(body[2:].decode(errors="replace"))
+        if body[:2] != b"ok" or status != 0:
+            raise TTSError(f"the eSpeak NG process rendering {text!r} with voice {voice!r} died "
+                           f"(wait status {status})")
+        return np.frombuffer(body[2:], dtype=np.float32).copy()
+
+    def _render(self, text: str, voice: str, prosody: Prosody, seed: int) -> np.ndarray:
+        self._lib.espeak_SetSynthCallback(self._callback)
+        if self._lib.espeak_SetVoiceByName(voice.encode()) != 0:
+            raise TTSError(f"eSpeak has no voice named {voice!r}")
+        self._lib.espeak_ng_SetRandSeed(int(seed))
         for param, value in ((_PARAM_RATE, prosody.rate), (_PARAM_VOLUME, prosody.volume),
                              (_PARAM_PITCH, prosody.pitch), (_PARAM_RANGE, prosody.range)):
             self._lib.espeak_SetParameter(param, int(value), 0)
