@@ -256,7 +256,7 @@ class _Edge:
         rec.prompt_tokens = self.sess.prompt_len
         self.logits = self.sess.prefill_logits  # next-token logits after what the cache holds
         self.cached = 0  # caption tokens in the edge's KV cache
-        self.keep_hidden = s.trace_hidden or s.rule.needs_hidden
+        self.keep_hidden = s.trace_hidden or s.rule.needs_hidden or s.gate.needs_hidden
 
     def pick(self) -> int:
         return pick(self.logits, self.s.temperature, self.rng)
@@ -398,6 +398,9 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
     one when `settings.in_flight` > 0. `keep_sessions` leaves both model sessions on the record
     (`.sessions`) for inspection."""
     if settings.in_flight > 0:
+        if settings.gate.level == "token":
+            raise ValueError("token-level gates run in the blocking loop only (in_flight 0); the pipelined "
+                             "loop verifies whole blocks")
         from .pipelined import pipelined
         return pipelined(edge, cloud, features, language, settings, link, session_id, keep_sessions)
     bits = packets.id_bits(min(edge.vocab_size, cloud.vocab_size))
@@ -425,16 +428,26 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
         seq = 0
         done = False
         while not done and len(committed) < settings.max_new_tokens:
-            # 1. draft
-            budget = min(policy.next_length(), settings.max_new_tokens - len(committed))
+            # 1. draft (a token gate stops at the first token it flags)
             block = Block(start=len(committed), accept_rate=rec.accepted / rec.transmitted if rec.transmitted else None,
                           audio=audio, language=language)
-            while len(block) < budget and ed.draft(block, rule.needs_q) != eos:
-                pass
-            rec.drafted += len(block)
+            if gate.level == "token":
+                escalate = _draft_until_flagged(ed, block, gate, rule.needs_q, settings.max_new_tokens - len(committed),
+                                                eos)
+                rec.drafted += len(block)
+                if escalate and gate.verify == "alone" and len(block) > 1:
+                    # the unflagged tokens are committed as drafted; they reach the cloud as context
+                    committed.extend(block.tokens[:-1])
+                    block = _last_token(block)
+            else:
+                budget = min(policy.next_length(), settings.max_new_tokens - len(committed))
+                while len(block) < budget and ed.draft(block, rule.needs_q) != eos:
+                    pass
+                rec.drafted += len(block)
+                escalate = gate.escalate(block)
             # 2. gate; 3. escalate (only what the cloud has not seen) with 4. one cloud forward
             verdict = None
-            if gate.escalate(block):
+            if escalate:
                 seq += 1
                 verdict = cl.round(link, session_id, seq, committed, block, eos, bits)
             if verdict is None:  # kept local (or the cloud was unreachable): committed as drafted
@@ -464,6 +477,25 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
     if keep_sessions:
         rec.sessions = (ed.sess, cl.sess)
     return _finish(rec, edge, committed[: settings.max_new_tokens], clock, wall0, mon)
+
+
+def _draft_until_flagged(ed: _Edge, block: Block, gate: Gate, needs_q: bool, budget: int, eos: int) -> bool:
+    """Token level: draft into `block` until the gate flags a token (True), the caption ends or the
+    budget is spent (False)."""
+    while len(block) < budget:
+        tok = ed.draft(block, needs_q)
+        if gate.flag(block):
+            return True
+        if tok == eos:
+            break
+    return False
+
+
+def _last_token(block: Block) -> Block:
+    """The block's last token as a block of its own (token level, `verify = "alone"`)."""
+    n = len(block) - 1
+    return Block(start=block.start + n, tokens=block.tokens[n:], stats=block.stats[n:], q=block.q[n:],
+                 hidden=block.hidden[n:], accept_rate=block.accept_rate, audio=block.audio, language=block.language)
 
 
 def _positions(rec: CaptionRecord, accepted: int, checked: int) -> None:

@@ -5,6 +5,13 @@ rule (eq. 2: escalate when the block's maximum token entropy exceeds gamma); `ma
 escalates when some token's top-1 / top-2 probability gap is below delta; `logprob` when some
 drafted token's log-probability is below a threshold. A learned gate implements `score`
 (higher = more likely to need the cloud) and escalates above its threshold.
+
+Two levels. A block gate (`level = "block"`) looks at a drafted block of L tokens and sends all of
+it or none. A token gate (`level = "token"`, `make_gate(..., level="token")`) scores each token as
+it is drafted (`flag`: the last token of the pending block) and the loop verifies at once:
+`verify = "alone"` sends only the flagged token (the unflagged tokens before it are committed as
+drafted and reach the cloud as context), `verify = "pending"` sends every token drafted since
+the last verification. With `always` every token is flagged; `never` flags none.
 """
 
 from __future__ import annotations
@@ -14,15 +21,36 @@ from abc import ABC, abstractmethod
 from .stats import Block
 
 
+VERIFY = ("alone", "pending")
+
+
 class Gate(ABC):
     name: str = "gate"
+    level: str = "block"  # "block" | "token"
+    verify: str = "alone"  # token level: what goes up with a flagged token (VERIFY)
+    needs_hidden: bool = False  # its features read the edge's hidden state of each drafted token
 
     @abstractmethod
     def escalate(self, block: Block) -> bool:
         ...
 
+    def flag(self, block: Block) -> bool:
+        """Token level: should the last drafted token of `block` be verified now?"""
+        return self.escalate(Block(block.start + len(block) - 1, block.tokens[-1:], block.stats[-1:],
+                                   language=block.language))
+
+    def at_token_level(self, verify: str = "alone") -> "Gate":
+        """This gate, scoring each token as it is drafted (see the module's docstring)."""
+        if verify not in VERIFY:
+            raise ValueError(f"unknown token-level verification {verify!r} (expected one of {VERIFY})")
+        self.level, self.verify = "token", verify
+        return self
+
     def describe(self) -> dict:
-        return {"gate": self.name}
+        out = {"gate": self.name}
+        if self.level == "token":
+            out.update(level="token", verify=self.verify)
+        return out
 
 
 class Never(Gate):
@@ -49,11 +77,21 @@ class ScoreGate(Gate):
     def score(self, block: Block) -> float:
         ...
 
+    def token_score(self, block: Block, i: int) -> float:
+        """Token i's score on the threshold's scale (a block's score is the maximum of these)."""
+        return self.score(Block(block.start + i, block.tokens[i:i + 1], block.stats[i:i + 1], language=block.language))
+
+    def threshold_for(self, language: str) -> float:
+        return self.threshold
+
     def escalate(self, block: Block) -> bool:
-        return len(block) > 0 and self.score(block) > self.threshold
+        return len(block) > 0 and self.score(block) > self.threshold_for(block.language)
+
+    def flag(self, block: Block) -> bool:
+        return len(block) > 0 and self.token_score(block, len(block) - 1) > self.threshold_for(block.language)
 
     def describe(self) -> dict:
-        return {"gate": self.name, "threshold": self.threshold}
+        return {**super().describe(), "threshold": self.threshold}
 
 
 class Entropy(ScoreGate):
@@ -61,6 +99,9 @@ class Entropy(ScoreGate):
 
     def score(self, block: Block) -> float:
         return max(s.entropy for s in block.stats)
+
+    def token_score(self, block: Block, i: int) -> float:
+        return block.stats[i].entropy
 
 
 class _BelowThreshold(ScoreGate):
@@ -76,8 +117,11 @@ class _BelowThreshold(ScoreGate):
     def score(self, block: Block) -> float:
         return -min(getattr(s, self.stat) for s in block.stats)
 
+    def token_score(self, block: Block, i: int) -> float:
+        return -getattr(block.stats[i], self.stat)
+
     def describe(self) -> dict:
-        return {"gate": self.name, "threshold": self.value}
+        return {**super().describe(), "threshold": self.value}
 
 
 class Margin(_BelowThreshold):
@@ -92,7 +136,15 @@ class LogProb(_BelowThreshold):
     name, stat = "logprob", "logprob"
 
 
-def make_gate(name: str, threshold: float | None = None) -> Gate:
+def make_gate(name: str, threshold: float | None = None, level: str = "block", verify: str = "alone") -> Gate:
+    """A rule gate; `level="token"` scores each token as it is drafted and verifies at once."""
+    if level not in ("block", "token"):
+        raise ValueError(f"unknown gate level {level!r} (expected 'block' or 'token')")
+    gate = _make(name, threshold)
+    return gate.at_token_level(verify) if level == "token" else gate
+
+
+def _make(name: str, threshold: float | None) -> Gate:
     simple = {"never": Never, "always": Always}
     if name in simple:
         return simple[name]()

@@ -1,0 +1,88 @@
+"""The token-level loop: the gate scores each token as it is drafted and verifies at once."""
+
+import math
+
+import pytest
+
+from speccap.config import LinkConfig
+from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, speculative
+from speccap.decoding.gates import Gate, make_gate
+from speccap.decoding.link import Link
+from speccap.decoding.policies import Fixed
+from speccap.decoding.verify import make_rule
+
+from .test_engine import MAX, audio, pair  # noqa: F401 - fixtures
+
+
+def _spec(gate, rule="greedy", rank=1, **kw):
+    return SpecSettings(gate=gate, rule=make_rule(rule, rank=rank), policy=Fixed(4), max_new_tokens=MAX, **kw)
+
+
+@pytest.mark.parametrize("verify", ["alone", "pending"])
+def test_threshold_plus_inf_is_edge_only_exactly(pair, audio, verify):
+    edge, cloud = pair
+    ref = edge_only(edge, audio[1], "en", MAX)
+    rec = speculative(edge, cloud, audio[1], "en", _spec(make_gate("entropy", math.inf, "token", verify)),
+                      Link(LinkConfig()))
+    assert rec.token_ids == ref.token_ids
+    assert rec.rounds == 0 and rec.bytes_up == 0 and rec.drafted == len(ref.token_ids)
+
+
+@pytest.mark.parametrize("verify", ["alone", "pending"])
+def test_threshold_minus_inf_with_greedy_is_cloud_only_exactly(pair, audio, verify):
+    edge, cloud = pair
+    ref = cloud_only(cloud, audio[1], "en", Link(LinkConfig()), MAX)
+    rec = speculative(edge, cloud, audio[1], "en", _spec(make_gate("entropy", -math.inf, "token", verify)),
+                      Link(LinkConfig()))
+    assert rec.token_ids == ref.token_ids
+    assert rec.corrected > 0  # the two models really disagreed
+    # every token is flagged as it is drafted: one token per round, never more
+    assert rec.transmitted == rec.drafted == rec.rounds
+
+
+class _FlagAt(Gate):
+    """Flags the tokens drafted at the given caption positions (records what it was shown)."""
+
+    name = "flag-at"
+
+    def __init__(self, positions):
+        self.positions, self.seen = set(positions), []
+
+    def escalate(self, block):
+        raise AssertionError("a token gate is asked per token, never per block")
+
+    def flag(self, block):
+        pos = block.start + len(block) - 1
+        self.seen.append(pos)
+        return pos in self.positions
+
+
+def test_alone_sends_only_the_flagged_token_and_pending_sends_the_rest_too(pair, audio):
+    edge, cloud = pair
+    ref = edge_only(edge, audio[1], "en", MAX)
+    flagged = [3, 7]
+    alone = speculative(edge, cloud, audio[1], "en", _spec(_FlagAt(flagged).at_token_level("alone"),
+                                                           trace_hidden=False), Link(LinkConfig()))
+    pending = speculative(edge, cloud, audio[1], "en", _spec(_FlagAt(flagged).at_token_level("pending")),
+                          Link(LinkConfig()))
+    # alone: the three unflagged tokens are kept as drafted, only the flagged one is judged
+    assert alone.token_ids[:3] == ref.token_ids[:3]
+    assert alone.rounds == 2 and alone.transmitted == 2  # one token per round
+    # pending: all four tokens since the start are judged in the first round
+    assert pending.rounds >= 1 and pending.transmitted >= 4 > alone.transmitted - 2
+    # the tokens committed unverified reach the cloud as context, not as draft
+    assert alone.synced >= 3
+
+
+def test_token_gate_needs_the_blocking_loop(pair, audio):
+    edge, cloud = pair
+    with pytest.raises(ValueError, match="blocking loop only"):
+        speculative(edge, cloud, audio[1], "en", _spec(make_gate("entropy", 1.0, "token"), in_flight=2),
+                    Link(LinkConfig()))
+
+
+def test_bad_level_or_verify_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown gate level"):
+        make_gate("entropy", 1.0, "word")
+    with pytest.raises(ValueError, match="unknown token-level verification"):
+        make_gate("entropy", 1.0, "token", "some")
