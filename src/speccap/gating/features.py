@@ -38,3 +38,39 @@ def block_features(block: Block) -> np.ndarray:
                    block.language == "zh") + audio[:len(AUDIO)]
         prev_top1 = s.top1
     return rows
+
+
+# ---- token level: what a token gate reads as each token is drafted ----
+# Only what belongs to the token itself, so that rows from the edge's own trajectory (on-policy
+# traces, gating.shadow) and rows at run time (a pending block that restarts after every
+# verification) mean the same: the edge's uncertainty about the token, where it sits in the
+# caption, whether it ends the caption, the clip, the token's id (LightGBM reads it as a
+# category) and the edge's last-layer hidden state after the token (zeros for an end token,
+# which is never fed back), as it would travel: float16 values.
+TOKEN_SCALARS = ("entropy", "top1", "margin", "logprob", "log_rank", "pos_in_caption", "is_end", "zh") + AUDIO
+
+
+def hidden_names(dim: int) -> tuple[str, ...]:
+    return tuple(f"h{k}" for k in range(dim))
+
+
+def token_rows(block: Block, dim: int, eos: int, first: int = 0) -> np.ndarray:
+    """(len(block) - first, len(TOKEN_SCALARS) + 1 + dim) float32 rows: the scalars, the token id,
+    the hidden state (`dim` values; block.hidden must hold the states, None for an end token)."""
+    n = len(block) - first
+    rows = np.zeros((max(n, 0), len(TOKEN_SCALARS) + 1 + dim), dtype=np.float32)
+    audio = tuple(block.audio) + (0.0,) * (len(AUDIO) - len(block.audio))
+    for r, i in enumerate(range(first, len(block))):
+        s = block.stats[i]
+        rows[r, :len(TOKEN_SCALARS)] = (s.entropy, s.top1, s.margin, max(s.logprob, -50.0), math.log(s.rank),
+                                        block.start + i, block.tokens[i] == eos, block.language == "zh") + \
+            audio[:len(AUDIO)]
+        rows[r, len(TOKEN_SCALARS)] = block.tokens[i]
+        h = block.hidden[i] if i < len(block.hidden) else None
+        if h is not None and dim:
+            rows[r, len(TOKEN_SCALARS) + 1:] = np.asarray(h, dtype=np.float32)[:dim]
+    return rows
+
+
+def token_columns(dim: int) -> tuple[str, ...]:
+    return TOKEN_SCALARS + ("token",) + hidden_names(dim)

@@ -1,0 +1,85 @@
+"""On-policy traces against an independent recomputation through the decoding loop itself."""
+
+import numpy as np
+import pytest
+
+from speccap.config import LinkConfig
+from speccap.decoding.engine import SpecSettings, edge_only, speculative
+from speccap.decoding.gates import Gate, make_gate
+from speccap.decoding.link import Link
+from speccap.decoding.policies import Fixed
+from speccap.decoding.verify import cloud_rank, make_rule
+from speccap.gating.features import token_columns, token_rows
+from speccap.gating.shadow import ShadowSettings, quality_parts, shadow_caption
+
+from ..decoding.test_engine import audio, pair  # noqa: F401 - fixtures
+
+MAX = 16
+REFS = ["A speaker says something in a calm voice.", "Someone talks calmly."]
+
+
+class _Probe(Gate):
+    """A token gate that flags the tokens at `positions` and keeps the rows it was shown."""
+
+    name, needs_hidden = "probe", True
+
+    def __init__(self, positions=(), dim=0, eos=0):
+        self.positions, self.dim, self.eos, self.rows = set(positions), dim, eos, []
+        self.at_token_level("alone")
+
+    def escalate(self, block):
+        raise AssertionError("token level only")
+
+    def flag(self, block):
+        self.rows.append(token_rows(block, self.dim, self.eos, first=len(block) - 1)[0])
+        return block.start + len(block) - 1 in self.positions
+
+
+@pytest.fixture(scope="module")
+def traced(pair, audio):
+    edge, cloud = pair
+    x, labels, caption = shadow_caption(edge, cloud, audio[1], "en", REFS, "neutral", ShadowSettings(2, 0.5, MAX))
+    return x, labels, caption
+
+
+def test_trajectory_is_the_edge_only_caption_and_ranks_are_the_clouds(pair, audio, traced):
+    edge, cloud = pair
+    x, labels, caption = traced
+    ref = edge_only(edge, audio[1], "en", MAX)
+    assert caption == ref.caption
+    assert [l["token"] for l in labels if l["token"] != edge.eos_token_id] == ref.token_ids
+    sess = cloud.start(audio[1], "en")  # token by token, not one forward over the caption
+    logits = sess.prefill_logits
+    for l in labels:
+        assert l["cloud_rank"] == cloud_rank(logits, l["token"])
+        assert l["mismatch"] == (l["cloud_rank"] > 2)
+        if l["token"] != edge.eos_token_id:
+            logits = sess.extend([l["token"]]).logits[-1]
+    assert any(l["mismatch"] for l in labels)  # the tiny models disagree
+
+
+def test_features_are_what_a_token_gate_sees_in_the_loop(pair, audio, traced):
+    edge, cloud = pair
+    x, labels, _ = traced
+    dim = x.shape[1] - len(token_columns(0))
+    assert dim > 0 and np.abs(x[:, -dim:]).sum() > 0
+    probe = _Probe(dim=dim, eos=edge.eos_token_id)
+    spec = SpecSettings(gate=probe, rule=make_rule("rank", rank=2), policy=Fixed(4), max_new_tokens=MAX)
+    speculative(edge, cloud, audio[1], "en", spec, Link(LinkConfig()))
+    np.testing.assert_array_equal(np.stack(probe.rows), x)
+
+
+def test_impact_is_the_loop_correcting_that_token_and_the_edge_finishing(pair, audio, traced):
+    edge, cloud = pair
+    _, labels, caption = traced
+    mismatches = [l for l in labels if l["mismatch"]]
+    for l in mismatches[:3]:
+        probe = _Probe(positions=[l["pos"]], eos=edge.eos_token_id)
+        spec = SpecSettings(gate=probe, rule=make_rule("rank", rank=2), policy=Fixed(4), max_new_tokens=MAX)
+        fixed = speculative(edge, cloud, audio[1], "en", spec, Link(LinkConfig()))
+        assert fixed.corrected == 1
+        q_fix, q_keep = quality_parts([fixed.caption, caption], REFS, "en", "neutral")
+        expect = (3 * (q_fix[0] - q_keep[0]) + 100 * (q_fix[1] - q_keep[1])) / 4
+        assert l["impact"] == pytest.approx(expect)
+        assert l["critical"] == (expect > 0.5)
+    assert all(l["impact"] == 0.0 for l in labels if not l["mismatch"])
