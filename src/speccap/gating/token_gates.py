@@ -1,0 +1,204 @@
+"""Learned token gates: classifiers on the on-policy traces that score each token as it is drafted.
+
+Features (gating.features.token_rows): the edge's uncertainty about the token, its position, the
+clip, the token's id and the edge's last-layer hidden state after it. Targets: `critical` (the
+cloud would replace it AND the correction gains quality, gating.shadow) or `mismatch` (the cloud
+would replace it). Three classifiers:
+
+- `logistic`: standardized scalars and hidden state, balanced classes (the linear baseline);
+- `lightgbm`: the same plus the token id as a categorical feature;
+- `mlp`: one hidden layer in torch on the standardized inputs, early-stopped on a held-out tenth
+  of the training clips.
+
+A token is verified when its score is above the threshold of its language; the threshold for a
+budget rho* flags rho* of the validation tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..decoding.gates import ScoreGate
+from ..decoding.stats import Block
+from .features import TOKEN_SCALARS, token_columns, token_rows
+
+TOKEN_KINDS = ("logistic", "lightgbm", "mlp")
+TOKEN_TARGETS = ("critical", "mismatch")
+
+
+class _MLP:
+    """A small torch classifier with the scikit-learn calls the gate uses (fit, predict_proba)."""
+
+    def __init__(self, hidden: int = 64, epochs: int = 60, lr: float = 3e-3, seed: int = 0):
+        self.hidden, self.epochs, self.lr, self.seed = hidden, epochs, lr, seed
+        self.state = None
+
+    def _net(self, d: int):
+        import torch
+        return torch.nn.Sequential(torch.nn.Linear(d, self.hidden), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                   torch.nn.Linear(self.hidden, 1))
+
+    def fit(self, x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None):
+        import torch
+        torch.manual_seed(self.seed)
+        rng = np.random.default_rng(self.seed)
+        self.mean, self.std = x.mean(0), x.std(0) + 1e-6
+        xs = (x - self.mean) / self.std
+        # early stopping on a tenth of the training clips (whole clips: tokens of a clip are alike)
+        groups = np.arange(len(y)) if groups is None else groups
+        uniq = np.unique(groups)
+        held = np.isin(groups, rng.choice(uniq, size=max(1, len(uniq) // 10), replace=False))
+        if held.all() or not y[~held].any():
+            held = np.zeros(len(y), bool)
+        xt, yt = torch.from_numpy(xs[~held]).float(), torch.from_numpy(y[~held].astype(np.float32))
+        xv, yv = torch.from_numpy(xs[held]).float(), torch.from_numpy(y[held].astype(np.float32))
+        net = self._net(x.shape[1])
+        pos = float(yt.sum())
+        loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(max(len(yt) - pos, 1.0) / max(pos, 1.0)))
+        opt = torch.optim.Adam(net.parameters(), lr=self.lr, weight_decay=1e-4)
+        best, best_state, bad = np.inf, None, 0
+        for _ in range(self.epochs):
+            net.train()
+            perm = torch.from_numpy(rng.permutation(len(yt)))
+            for k in range(0, len(perm), 256):
+                idx = perm[k:k + 256]
+                opt.zero_grad()
+                loss_fn(net(xt[idx]).squeeze(-1), yt[idx]).backward()
+                opt.step()
+            if not len(yv):
+                continue
+            net.eval()
+            with torch.no_grad():
+                val = float(loss_fn(net(xv).squeeze(-1), yv))
+            if val < best - 1e-4:
+                best, best_state, bad = val, {k: v.clone() for k, v in net.state_dict().items()}, 0
+            else:
+                bad += 1
+                if bad >= 6:
+                    break
+        if best_state is not None:
+            net.load_state_dict(best_state)
+        self.state, self.dim = net.state_dict(), x.shape[1]
+        return self
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        import torch
+        net = self._net(self.dim)
+        net.load_state_dict(self.state)
+        net.eval()
+        with torch.no_grad():
+            p = torch.sigmoid(net(torch.from_numpy((x - self.mean) / self.std).float()).squeeze(-1)).numpy()
+        return np.stack([1 - p, p], axis=1)
+
+
+def _classifier(kind: str, seed: int):
+    if kind == "logistic":
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+        return make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=3000, class_weight="balanced"))
+    if kind == "lightgbm":
+        from lightgbm import LGBMClassifier
+        return LGBMClassifier(n_estimators=300, learning_rate=0.04, num_leaves=15, min_child_samples=20,
+                              subsample=0.8, subsample_freq=1, colsample_bytree=0.5, reg_lambda=1.0,
+                              random_state=seed, n_jobs=1, deterministic=True, force_row_wise=True, verbose=-1)
+    if kind == "mlp":
+        return _MLP(seed=seed)
+    raise ValueError(f"unknown token gate classifier {kind!r} (expected one of {TOKEN_KINDS})")
+
+
+@dataclass
+class TokenGateModel:
+    """A fitted token classifier and the columns it reads (token_columns(dim))."""
+
+    kind: str
+    target: str
+    dim: int  # edge hidden size
+    eos: int  # the end token's id (its row has is_end = 1 and no hidden state)
+    clf: object
+    meta: dict = field(default_factory=dict)
+    level: str = "token"
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return token_columns(self.dim)
+
+    def _inputs(self, x: np.ndarray) -> np.ndarray:
+        """logistic / mlp: without the raw token id (ids have no order); the hidden state says the token."""
+        return np.delete(x, len(TOKEN_SCALARS), axis=1)
+
+    def token_scores(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        if self.kind == "lightgbm":
+            return self.clf.predict_proba(self._lgbm_frame(x))[:, 1]
+        return self.clf.predict_proba(self._inputs(x))[:, 1]
+
+    def _lgbm_frame(self, x: np.ndarray) -> pd.DataFrame:
+        """lightgbm: the token id as a category (ids unseen in training fall into none)."""
+        df = pd.DataFrame(x, columns=list(self.columns))
+        df["token"] = pd.Categorical(df["token"].astype(int), categories=self.meta["token_categories"])
+        return df
+
+
+def fit_token_gate(x: np.ndarray, labels: pd.DataFrame, kind: str, target: str, dim: int, eos: int,
+                   seed: int = 0) -> TokenGateModel:
+    """Fit on trace rows: `x` from token_rows, `labels` the per-token label table (gating.shadow)."""
+    if target not in TOKEN_TARGETS:
+        raise ValueError(f"unknown token gate target {target!r} (expected one of {TOKEN_TARGETS})")
+    y = labels[target].to_numpy(bool)
+    if y.all() or not y.any():
+        raise ValueError(f"the traces hold {len(y)} tokens with {int(y.sum())} {target} ones: need both classes")
+    model = TokenGateModel(kind, target, dim, eos, _classifier(kind, seed))
+    model.meta = {"train_tokens": int(len(y)), f"train_{target}_rate": float(y.mean())}
+    if kind == "lightgbm":
+        cats = sorted(set(int(t) for t in x[:, len(TOKEN_SCALARS)]))
+        model.meta["token_categories"] = cats
+        model.clf.fit(model._lgbm_frame(x), y)
+    elif kind == "mlp":
+        model.clf.fit(model._inputs(x), y, groups=labels["clip_id"].to_numpy() if "clip_id" in labels else None)
+    else:
+        model.clf.fit(model._inputs(x), y)
+    return model
+
+
+def threshold_for_share(scores: np.ndarray, rho: float) -> float:
+    """The threshold above which `rho` of the tokens score (the budget's share of flags)."""
+    if not 0 < rho <= 1:
+        raise ValueError(f"budget rho* must be in (0, 1], got {rho}")
+    s = np.sort(np.asarray(scores, dtype=float))[::-1]
+    k = int(round(rho * len(s)))
+    if k <= 0:
+        return float(s[0])
+    if k >= len(s):
+        return float(s[-1]) - 1e-9
+    return float((s[k - 1] + s[k]) / 2)
+
+
+class LearnedTokenGate(ScoreGate):
+    """Verify a token at once when its score is above its language's threshold."""
+
+    needs_hidden = True
+
+    def __init__(self, model: TokenGateModel, threshold: float | dict, name: str | None = None,
+                 verify: str = "alone"):
+        self.thresholds = dict(threshold) if isinstance(threshold, dict) else {}
+        super().__init__(float(threshold) if not self.thresholds else max(self.thresholds.values()))
+        self.model = model
+        self.name = name or f"tok-{model.kind}-{model.target}"
+        self.at_token_level(verify)
+
+    def threshold_for(self, language: str) -> float:
+        return self.thresholds.get(language, self.threshold)
+
+    def score(self, block: Block) -> float:
+        return float(self.model.token_scores(token_rows(block, self.model.dim, self.model.eos)).max())
+
+    def token_score(self, block: Block, i: int) -> float:
+        return float(self.model.token_scores(token_rows(block, self.model.dim, self.model.eos, first=i)[:1])[0])
+
+    def describe(self) -> dict:
+        return {**super().describe(), "threshold": self.thresholds or self.threshold, "kind": self.model.kind,
+                "target": self.model.target}

@@ -1,0 +1,70 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from speccap.decoding.stats import Block, TokenStats
+from speccap.gating.features import TOKEN_SCALARS, token_rows
+from speccap.gating.token_gates import (TOKEN_KINDS, LearnedTokenGate, fit_token_gate, threshold_for_share)
+from speccap.pipeline.gates import roc_auc
+
+DIM, EOS = 8, 0
+
+
+def _data(n, seed):
+    """Rows where only the hidden state says which tokens are critical (the scalars are noise)."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros((n, len(TOKEN_SCALARS) + 1 + DIM), np.float32)
+    x[:, :len(TOKEN_SCALARS)] = rng.normal(size=(n, len(TOKEN_SCALARS)))
+    x[:, len(TOKEN_SCALARS)] = rng.integers(1, 30, n)
+    h = rng.normal(size=(n, DIM)).astype(np.float32)
+    x[:, len(TOKEN_SCALARS) + 1:] = h
+    y = h[:, 0] + 0.5 * h[:, 1] + 0.3 * rng.normal(size=n) > 1.6
+    labels = pd.DataFrame({"critical": y, "mismatch": y | (rng.random(n) < 0.1), "clip_id": np.arange(n) // 20})
+    return x, labels
+
+
+@pytest.mark.parametrize("kind", TOKEN_KINDS)
+def test_each_classifier_learns_from_the_hidden_state(kind):
+    x, labels = _data(3000, 0)
+    model = fit_token_gate(x, labels, kind, "critical", DIM, EOS)
+    xv, lv = _data(1000, 1)
+    assert roc_auc(lv["critical"].to_numpy(), model.token_scores(xv)) > 0.85
+    # deterministic for a seed
+    again = fit_token_gate(x, labels, kind, "critical", DIM, EOS)
+    np.testing.assert_allclose(again.token_scores(xv), model.token_scores(xv), rtol=1e-6)
+
+
+def test_one_class_traces_are_a_clear_error():
+    x, labels = _data(200, 0)
+    labels["critical"] = False
+    with pytest.raises(ValueError, match="need both classes"):
+        fit_token_gate(x, labels, "logistic", "critical", DIM, EOS)
+    with pytest.raises(ValueError, match="unknown token gate classifier"):
+        fit_token_gate(x, labels.assign(critical=labels["mismatch"]), "svm", "critical", DIM, EOS)
+
+
+def test_threshold_for_share_flags_that_share():
+    s = np.random.default_rng(0).random(1000)
+    for rho in (0.05, 0.1, 0.5):
+        assert (s > threshold_for_share(s, rho)).mean() == pytest.approx(rho, abs=0.002)
+    assert (s > threshold_for_share(s, 1.0)).all()
+    with pytest.raises(ValueError):
+        threshold_for_share(s, 0.0)
+
+
+def test_gate_scores_the_last_token_as_the_traces_did():
+    x, labels = _data(3000, 0)
+    model = fit_token_gate(x, labels, "lightgbm", "critical", DIM, EOS)
+    import torch
+    stats = [TokenStats(5, 1.0, 0.5, 0.2, -1.0, 2), TokenStats(7, 0.2, 0.9, 0.8, -0.1, 1)]
+    block = Block(start=3, tokens=[5, 7], stats=stats, hidden=[torch.zeros(DIM), torch.full((DIM,), 3.0)],
+                  audio=(0.1,) * 6, language="zh")
+    rows = token_rows(block, DIM, EOS)
+    expect = model.token_scores(rows)
+    gate = LearnedTokenGate(model, {"en": 0.0, "zh": float(expect[1]) - 1e-6})
+    assert gate.level == "token" and gate.needs_hidden
+    assert gate.token_score(block, 1) == pytest.approx(expect[1])
+    assert gate.flag(block)  # zh threshold just below the last token's score
+    gate.thresholds["zh"] = float(expect[1]) + 1e-6
+    assert not gate.flag(block)
+    assert rows[1, TOKEN_SCALARS.index("pos_in_caption")] == 4 and rows[1, TOKEN_SCALARS.index("zh")] == 1
