@@ -1,9 +1,10 @@
-"""DVC stage `gates`: learned gates trained on the traces, logged and registered in MLflow.
+"""DVC stage `gates`: token gates trained on the on-policy traces, logged and registered in MLflow.
 
 Every (classifier, target) of params.gates is fitted on the train traces, evaluated on the
 validation traces (ROC AUC for mismatches and for critical mismatches, calibration plot, feature
-importances) and given a threshold per budget; each one is logged as a pyfunc model (features in,
-scores and decisions out) and registered under gates.registry_name (promotion is its own stage).
+importances) and given a threshold per budget; each one is logged as a pyfunc model (token
+features in, scores and decisions out) and registered under gates.registry_name (promotion is
+its own stage).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import pandas as pd
 from prefect import flow
 
 from speccap.config import load_params
-from speccap.gating.features import FEATURES
+from speccap.gating.features import TOKEN_SCALARS, token_columns
 from speccap.pipeline.gates import gate_dir, learned_names, train_gates
-from speccap.pipeline.traces import TRACE_DIR
+from speccap.pipeline.traces import TRACE_DIR, features_of
 from speccap.tracking import Tracker
 
 
@@ -38,7 +39,8 @@ def gates_flow(params_path: str | None = None) -> dict:
     result["gates_key"] = key
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     tracker = Tracker(params.tracking.uri, params.tracking.experiment)
-    example = val[list(FEATURES)].head(5).assign(block=[0.0, 0.0, 0.0, 1.0, 1.0])  # floats: no int-schema warning
+    x = features_of(val.head(5))
+    example = pd.DataFrame(x, columns=list(token_columns(x.shape[1] - len(TOKEN_SCALARS) - 1)))
     with tracker.sweep(f"gates-{key}", {"gates": params.gates.__dict__}, {"sweep_key": f"gates-{key}",
                                                                           "stage": "gates"}) as parent:
         versions = {}

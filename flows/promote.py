@@ -11,10 +11,9 @@ import torch
 from prefect import flow
 
 from speccap.config import load_params
-from speccap.gating.learned import LearnedGate
 from speccap.models.base import shared_vocab
 from speccap.models.loading import load_role
-from speccap.pipeline.gates import learned_names, load_gate, read_gates_json
+from speccap.pipeline.gates import gate_from_saved, load_gate, read_gates_json
 from speccap.pipeline.promote import decide, evaluate_gate, validation_clips
 from speccap.tracking import Tracker
 
@@ -31,7 +30,7 @@ def promote_flow(params_path: str | None = None) -> dict:
     clips = validation_clips(params)
     budget = params.gates.promote_budget
     candidates = {}
-    for name in learned_names(params):
+    for name in dict.fromkeys(gates_json["chosen"].values()):  # per target, the classifier chosen on validation
         gate = load_gate(params, name)  # at the promote budget's threshold
         candidates[name] = evaluate_gate(edge, cloud, gate, params, clips) | {
             "gates_key": gates_json["gates_key"], "version": gates_json["versions"][name]}
@@ -41,8 +40,7 @@ def promote_flow(params_path: str | None = None) -> dict:
     champ_score = None
     if champ is not None:
         saved = tracker.load_gate(name, "champion")
-        champ_score = evaluate_gate(edge, cloud, LearnedGate(saved["model"], saved["threshold"], "champion"),
-                                    params, clips)
+        champ_score = evaluate_gate(edge, cloud, gate_from_saved(saved, name="champion"), params, clips)
     decision = decide(candidates, champ, champ_score)
     if decision["promote"]:
         tracker.promote(name, candidates[decision["promote"]]["version"], decision["reason"])

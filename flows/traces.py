@@ -1,9 +1,10 @@
-"""DVC stage `traces`: mismatch traces on the train and validation splits, as a Prefect flow.
+"""DVC stage `traces`: the token gates' on-policy traces on the train and validation splits, as a
+Prefect flow.
 
-Speculative decoding with the cloud verifying every block; per drafted token the gate features,
-the cloud's verdict and, at each rejection, the impact label (gating.traces). Per-clip records
-are appended as they come (an interrupted run resumes); the tables go to data/traces/*.parquet and
-their summary to reports/traces.json and to MLflow.
+The edge writes its own caption, one cloud forward scores every token, and every mismatch is
+judged by correcting it and letting the edge finish (gating.shadow). Per-clip records are appended
+as they come (an interrupted run resumes); the tables go to data/traces/*.parquet and their
+summary to reports/traces.json and to MLflow.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tqdm import tqdm
 
 from speccap.config import load_params
 from speccap.pipeline.sweep import Pool
-from speccap.pipeline.traces import TRACE_DIR, collect, summary, trace_clips, trace_one, traces_key
+from speccap.pipeline.traces import TRACE_DIR, collect, shadow_one, summary, trace_clips, traces_key
 from speccap.tracking import Tracker
 
 SUMMARY = Path("reports/traces.json")
@@ -26,7 +27,7 @@ SUMMARY = Path("reports/traces.json")
 def traces_flow(params_path: str | None = None) -> dict:
     params = load_params(params_path)
     total = sum(len(trace_clips(params, s, lang)) for s in ("train", "val") for lang in params.data.languages)
-    pool = Pool(params_path, params.sweep.workers, params.sweep.threads, fn=trace_one, stage="traces")
+    pool = Pool(params_path, params.sweep.workers, params.sweep.threads, fn=shadow_one, stage="traces")
     bar = tqdm(total=total, desc="traces", unit="clip")
     try:
         tables = collect(params, pool, TRACE_DIR, progress=bar.update)

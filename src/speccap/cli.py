@@ -205,14 +205,14 @@ def _add_decoding_options(s) -> None:
 
 def _champion_gate(params, threshold: float | None):
     """The gate holding alias `champion` in the MLflow registry (gates.registry_name)."""
-    from .gating.learned import LearnedGate
+    from .pipeline.gates import gate_from_saved
     from .tracking import Tracker
     tracker = Tracker(params.tracking.uri, params.tracking.experiment)
     if tracker.champion(params.gates.registry_name) is None:
         raise LookupError(f"no gate holds alias 'champion' in registered model {params.gates.registry_name!r} at "
                           f"{tracker.uri} (run the pipeline's promote stage: dvc repro promote)")
     saved = tracker.load_gate(params.gates.registry_name, "champion")
-    return LearnedGate(saved["model"], saved["threshold"] if threshold is None else threshold, "champion")
+    return gate_from_saved(saved, threshold, "champion")  # a token gate escalates token by token
 
 
 def _cmd_score(args) -> int:

@@ -169,20 +169,24 @@ class LinkConfig:
 class TraceParams:
     train_clips: int = 150  # clips per language of the train split traced (0 = all)
     val_clips: int = 50  # of the validation split (thresholds and promotion are chosen on these)
-    block_len: int = 5
-    critical_margin: float = 1.0  # quality points (mean BLEU-1/METEOR/ROUGE-L, x100) that make a mismatch critical
+    block_len: int = 5  # the block gates' L (the block-level entropy baseline of the gate evaluation)
+    # quality points a correction must gain to make a mismatch critical: token gates' on-policy
+    # traces, mean of BLEU-1/METEOR/ROUGE-L/100 x emotion hit; WISV's traces, mean of the first three
+    critical_margin: float = 1.0
 
 
 @dataclass(frozen=True)
 class GatesParams:
     traces: TraceParams = field(default_factory=TraceParams)
-    kinds: tuple[str, ...] = ("logistic", "lightgbm")
-    targets: tuple[str, ...] = ("mismatch", "critical")
-    baselines: tuple[str, ...] = ("entropy", "margin")  # rule gates evaluated at the same budgets
-    budgets: tuple[float, ...] = (0.05, 0.1, 0.15, 0.25)  # target escalation rates rho*
-    eval_clips: int = 100  # test clips per language for the gate evaluation (0 = all)
+    # token gates (gating.token_gates): classifiers x targets, trained on the on-policy traces
+    kinds: tuple[str, ...] = ("logistic", "lightgbm", "mlp")
+    targets: tuple[str, ...] = ("critical", "mismatch")
+    verify: str = "alone"  # what goes up with a flagged token: alone | pending (decoding.gates)
+    baselines: tuple[str, ...] = ("entropy",)  # rule gates evaluated at the same budgets, per token and per block
+    budgets: tuple[float, ...] = (0.05, 0.1)  # target escalation rates rho*
+    eval_clips: int = 0  # test clips per language for the gate evaluation (0 = all)
     registry_name: str = "speccap-gate"
-    promote_budget: float = 0.15  # the budget the champion is chosen at (quality on validation)
+    promote_budget: float = 0.1  # the budget the champion is chosen at (quality on validation)
 
 
 @dataclass(frozen=True)
@@ -420,11 +424,12 @@ def _validate(p: Params) -> None:
     if bad:
         raise ConfigError(f"params keys sweep.methods / sweep.gates: unknown {bad}")
     g = p.gates
-    bad = [k for k in g.kinds if k not in ("logistic", "lightgbm")] + [
+    bad = [k for k in g.kinds if k not in ("logistic", "lightgbm", "mlp")] + [
         t for t in g.targets if t not in ("mismatch", "critical")] + [
-        b for b in g.baselines if b not in ("entropy", "margin", "logprob")]
+        b for b in g.baselines if b not in ("entropy", "margin", "logprob")] + [
+        v for v in (g.verify,) if v not in ("alone", "pending")]
     if bad:
-        raise ConfigError(f"params keys gates.kinds / gates.targets / gates.baselines: unknown {bad}")
+        raise ConfigError(f"params keys gates.kinds / gates.targets / gates.baselines / gates.verify: unknown {bad}")
     if not g.budgets or any(not 0 < b <= 1 for b in g.budgets) or not 0 < g.promote_budget <= 1:
         raise ConfigError("params keys gates.budgets / gates.promote_budget: escalation rates in (0, 1]")
     if any(length < 0 for length in p.sweep.block_lens) or p.sweep.workers < 0 or p.sweep.threads < 1:

@@ -233,10 +233,11 @@ def _gate_pyfunc():
     import mlflow.pyfunc
 
     class GateModel(mlflow.pyfunc.PythonModel):
-        """Rows of gate features in (gating.features.FEATURES; an optional `block` column groups
-        them, else all rows are one block), per row out: the token score, its block's score (the
-        max) and whether that block goes to the cloud (block score > the gate's threshold, the one
-        of the row's language when thresholds are per language)."""
+        """Rows of gate features in (a token gate: its model's `columns`, gating.features.token_columns;
+        an older block gate: gating.features.FEATURES, an optional `block` column grouping them, else
+        all rows are one block), per row out: the token score, its block's score (a token gate: the
+        token's own) and whether it goes to the cloud (score > the gate's threshold, the one of the
+        row's language when thresholds are per language)."""
 
         def load_context(self, context):
             import pickle
@@ -248,12 +249,16 @@ def _gate_pyfunc():
             import pandas as pd
 
             from speccap.gating.features import FEATURES
-            missing = [f for f in FEATURES if f not in model_input.columns]
+            model = self.gate["model"]
+            cols = list(getattr(model, "columns", FEATURES))
+            missing = [f for f in cols if f not in model_input.columns]
             if missing:
-                raise ValueError(f"gate input lacks feature column(s) {missing}")
-            scores = self.gate["model"].token_scores(model_input[list(FEATURES)].to_numpy(np.float32))
+                raise ValueError(f"gate input lacks {len(missing)} feature column(s), first {missing[:5]}")
+            scores = model.token_scores(model_input[cols].to_numpy(np.float32))
             out = pd.DataFrame({"score": scores})
-            groups = model_input["block"].to_numpy() if "block" in model_input.columns else np.zeros(len(out))
+            token_level = getattr(model, "level", "block") == "token"
+            groups = model_input["block"].to_numpy() if "block" in model_input.columns and not token_level \
+                else np.arange(len(out)) if token_level else np.zeros(len(out))
             out["block_score"] = out.groupby(groups)["score"].transform("max").to_numpy()
             thr = self.gate["threshold"]
             if isinstance(thr, dict):  # per language: the `zh` feature says which

@@ -24,28 +24,36 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
     summary = traces_flow(str(pfile))
     train = pd.read_parquet(tmp_path / "data/traces/train.parquet")
     assert summary["train"]["clips"] == 8 and len(train) == summary["train"]["tokens"] > 0
-    assert {"entropy", "cloud_rank", "mismatch", "impact", "critical", "clip_id"} <= set(train.columns)
+    assert {"cloud_rank", "cloud_token", "mismatch", "impact", "impact_emotion", "critical", "clip_id", "x0"} \
+        <= set(train.columns)
     # a rerun resumes: nothing is traced again
     traces_flow(str(pfile))
     assert (tmp_path / "data/traces/train.en.jsonl").read_text().count("\n") == 4
 
     gates = gates_flow(str(pfile))
-    names = ["logistic-mismatch", "logistic-critical", "lightgbm-mismatch", "lightgbm-critical"]
-    assert set(names) <= set(gates["gates"]) and {"entropy", "margin"} <= set(gates["gates"])
+    names = [f"tok-{k}-{t}" for k in ("logistic", "lightgbm", "mlp") for t in ("critical", "mismatch")]
+    assert set(names) <= set(gates["gates"]) and {"entropy", "entropy-block"} <= set(gates["gates"])
     tracker = Tracker(raw["tracking"]["uri"], "gates-test")
-    assert len(tracker.model_versions("speccap-gate")) == 4
+    assert len(tracker.model_versions("speccap-gate")) == 6
+    chosen = set(gates["chosen"].values())
 
     result = gate_eval_flow(str(pfile))
     en = result["languages"]["en"]
-    assert set(en["gates"]) == set(names) | {"entropy", "margin"}
-    assert all(len(v) == 2 for v in en["gates"].values())
+    assert set(en["gates"]) == chosen | {"entropy", "entropy-block", "oracle"}
+    assert all(len(v) == 2 for n, v in en["gates"].items() if n != "oracle") and len(en["gates"]["oracle"]) == 1
+    # every figure with its interval, the gap shares too
+    e = en["gates"]["entropy"][0]
+    assert e["bleu1"]["ci_low"] <= e["bleu1"]["value"] <= e["bleu1"]["ci_high"]
+    assert "gap" in e["gap_closed_bleu1"]
     assert (tmp_path / "reports/gates/pareto.png").stat().st_size > 5000
-    assert "| en | lightgbm-critical |" in (tmp_path / "reports/gates/gates.md").read_text()
-    budget_runs = [r for r in tracker.runs() if r["params"].get("gate_name") == "lightgbm-mismatch"]
-    assert {r["params"]["budget"] for r in budget_runs} == {"0.3", "0.6"}
+    md = (tmp_path / "reports/gates/gates.md").read_text()
+    assert "| en | oracle |" in md and "| en | entropy-block |" in md
+    name = sorted(chosen)[0]
+    budget_runs = [r for r in tracker.runs() if r["params"].get("gate_name") == name]
+    assert {r["params"]["budget"] for r in budget_runs} >= {"0.3", "0.6"}
 
     first = promote_flow(str(pfile))
-    assert first["promote"] in names and "first champion" in first["reason"]
+    assert first["promote"] in chosen and "first champion" in first["reason"]
     champ = tracker.champion("speccap-gate")
     assert champ["tags"]["gate"] == first["promote"] and "promotion_reason" in champ["tags"]
     again = promote_flow(str(pfile))  # the same gates: nothing changes

@@ -68,3 +68,21 @@ def test_gate_scores_the_last_token_as_the_traces_did():
     gate.thresholds["zh"] = float(expect[1]) + 1e-6
     assert not gate.flag(block)
     assert rows[1, TOKEN_SCALARS.index("pos_in_caption")] == 4 and rows[1, TOKEN_SCALARS.index("zh")] == 1
+
+
+def shadow_table(seed: int, clips: int = 150, per_clip: int = 20) -> pd.DataFrame:
+    """A traces table as the `traces` stage writes it (gating.shadow rows + feature columns x0..),
+    two languages, each caption ending with the end token."""
+    n = clips * per_clip
+    x, labels = _data(n, seed)
+    pos = np.tile(np.arange(per_clip), clips)
+    end = pos == per_clip - 1
+    x[:, TOKEN_SCALARS.index("is_end")] = end
+    x[:, TOKEN_SCALARS.index("pos_in_caption")] = pos
+    x[end, len(TOKEN_SCALARS)] = EOS
+    lang = np.where(np.arange(n) // per_clip % 2 == 0, "en", "zh")
+    x[:, TOKEN_SCALARS.index("zh")] = lang == "zh"
+    df = pd.DataFrame({"clip_id": [f"c{seed}-{i // per_clip}" for i in range(n)], "language": lang, "pos": pos,
+                       "token": x[:, len(TOKEN_SCALARS)].astype(int), "eos": EOS, "mismatch": labels["mismatch"],
+                       "critical": labels["critical"], "impact": labels["critical"] * 5.0})
+    return pd.concat([df, pd.DataFrame(x, columns=[f"x{k}" for k in range(x.shape[1])])], axis=1)

@@ -3,36 +3,49 @@ import pickle
 import pytest
 
 from speccap.config import params_from_dict
+from speccap.gating.token_gates import LearnedTokenGate
 from speccap.pipeline.gates import is_learned, learned_names, load_gate, train_gates
 
-from ..gating.test_learned import _traces
+from ..gating.test_token_gates import shadow_table
 
 
 def test_train_gates_saves_each_gate_with_thresholds_per_budget(tmp_path):
-    p = params_from_dict({"models": {"dir": str(tmp_path)}, "gates": {"budgets": [0.05, 0.15, 0.5]}})
-    result = train_gates(p, _traces(seed=0), _traces(seed=1))
-    assert set(result["gates"]) == set(learned_names(p)) | {"entropy", "margin"}
+    p = params_from_dict({"models": {"dir": str(tmp_path)}, "gates": {"budgets": [0.05, 0.15, 0.5],
+                                                                      "promote_budget": 0.15}})
+    train, val = shadow_table(0), shadow_table(1)
+    result = train_gates(p, train, val)
+    assert set(result["gates"]) == set(learned_names(p)) | {"entropy", "entropy-block"}
+    assert set(result["chosen"]) == {"critical", "mismatch"}
     for name in learned_names(p):
         g = result["gates"][name]
         for lang in ("en", "zh"):  # calibrated per language
             thr = [g["thresholds"][str(b)][lang] for b in (0.05, 0.15, 0.5)]
             assert thr == sorted(thr, reverse=True)  # a bigger budget lowers the bar
-        assert g["auc_mismatch" if name.endswith("mismatch") else "auc_critical"] > 0.7
+        assert g["auc_critical" if name.endswith("critical") else "auc_mismatch"] > 0.7
         saved = pickle.loads((tmp_path / "gates" / f"{name}.pkl").read_bytes())
-        assert saved["threshold"] == g["thresholds"]["0.15"] or p.gates.promote_budget != 0.15
-        assert (tmp_path / "gates" / f"{name}.importance.csv").exists()
-    # margin thresholds come back in the gate's own units (delta), growing with the budget
-    m = [result["gates"]["margin"]["thresholds"][str(b)]["en"] for b in (0.05, 0.15, 0.5)]
-    assert m == sorted(m)
+        assert saved["threshold"] == g["thresholds"]["0.15"] and saved["verify"] == "alone"
+    # the chosen one per target has the best validation AUC on that target
+    crit = [n for n in learned_names(p) if n.endswith("critical")]
+    assert result["chosen"]["critical"] == max(crit, key=lambda n: result["gates"][n]["auc_critical"])
+    assert (tmp_path / "gates" / "tok-lightgbm-critical.importance.csv").exists()
     assert (tmp_path / "gates" / "calibration.png").stat().st_size > 5000
-    gate = load_gate(p, "lightgbm-critical", 0.3)
-    assert gate.threshold == 0.3 and gate.name == "lightgbm-critical"
-    default = load_gate(p, "lightgbm-critical")  # the promote budget's thresholds, one per language
-    assert set(default.thresholds) == {"en", "zh"}
-    assert default.threshold_for("zh") == result["gates"]["lightgbm-critical"]["thresholds"]["0.15"]["zh"]
-    assert is_learned("logistic-mismatch") and not is_learned("entropy")
+    # the block baseline's budget counts blocks of L tokens: a bigger budget lowers its bar too
+    blk = [result["gates"]["entropy-block"]["thresholds"][str(b)]["en"] for b in (0.05, 0.15, 0.5)]
+    assert blk == sorted(blk, reverse=True)
+    gate = load_gate(p, "tok-lightgbm-critical", 0.3)
+    assert isinstance(gate, LearnedTokenGate) and gate.level == "token" and gate.threshold == 0.3
+    default = load_gate(p, "tok-lightgbm-critical")  # the promote budget's thresholds, one per language
+    assert default.threshold_for("zh") == result["gates"]["tok-lightgbm-critical"]["thresholds"]["0.15"]["zh"]
+    assert is_learned("tok-mlp-mismatch") and not is_learned("entropy")
     with pytest.raises(FileNotFoundError, match="dvc repro gates"):
-        load_gate(p, "lightgbm-nothing")
+        load_gate(p, "tok-lightgbm-nothing")
+
+
+def test_traces_without_an_end_token_are_a_clear_error(tmp_path):
+    p = params_from_dict({"models": {"dir": str(tmp_path)}})
+    train = shadow_table(0).drop(columns="eos")
+    with pytest.raises(ValueError, match="end token"):
+        train_gates(p, train, shadow_table(1))
 
 
 def test_missing_gates_json_names_the_file_and_the_stage(tmp_path):

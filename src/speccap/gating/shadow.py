@@ -93,7 +93,7 @@ def shadow_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str
     for j, tok in enumerate(block.tokens):
         rank = cloud_rank(rows[j], tok)
         correction = int(rows[j].argmax())
-        labels.append({"pos": j, "token": tok, "cloud_rank": rank, "cloud_token": correction,
+        labels.append({"pos": j, "token": tok, "eos": eos, "cloud_rank": rank, "cloud_token": correction,
                        "mismatch": rank > settings.rank, "impact": 0.0, "impact_quality": 0.0,
                        "impact_emotion": 0.0, "critical": False})
         if rank > settings.rank:

@@ -1,8 +1,14 @@
-"""The learned-gates evaluation: configurations at equal budgets, the Pareto table and plot.
+"""The gate evaluation: token gates, the entropy baselines and the oracle at equal budgets on the
+test clips, with 95% paired-bootstrap intervals; the Pareto table and plot.
 
-Every gate (the rule baselines and the learned ones) runs on the test clips at each budget rho*
-with the threshold the `gates` stage picked for it on validation traces; edge-only and cloud-only
-on the same clips give the gap. Gap closed = (BLEU-1 - edge) / (cloud - edge).
+Configurations per language: edge-only and cloud-only (the gap), the oracle, and at every budget
+rho*: the rule baselines per token and per block of gates.traces.block_len (UGSD's gate), and the
+learned token gate chosen on validation for each target. Thresholds come from the `gates` stage
+(validation traces). The oracle verifies every token (gate `always` at token level): its caption
+is what a gate that escalates exactly the tokens the cloud replaces would write, and its rho is
+those tokens' share, corrected / drafted. Gap closed = (method - edge) / (cloud - edge), for
+BLEU-1 and for the emotion hit, each with its interval; a share of a gap whose own interval
+reaches 0 is marked as noise.
 """
 
 from __future__ import annotations
@@ -11,86 +17,135 @@ import json
 from pathlib import Path
 
 from ..config import Params, gate_decode
+from ..metrics.bootstrap import ClipStats, gap_closed, interval
+from .gates import BLOCK_SUFFIX
 from .markdown import md_table
-from .gates import learned_names
+from .quality_table import format_ci
 from .sweep import RunConfig
 
 OUT = Path("reports/gates")
+ORACLE = "oracle"
+KEYS = (("bleu1", "BLEU-1"), ("emotion_hit_rate", "emotion hit"))
 
 
 def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dict[RunConfig, dict]]:
-    """The configurations and, for each gated one, {gate, budget}."""
+    """The configurations and, for each gated one, {gate_name, budget}."""
     d = gate_decode(params)
+    g = params.gates
     base = dict(rule=d.rule, rank=d.rank if d.rule == "rank" else 0)
     configs, tags = [], {}
-    names = list(params.gates.baselines) + learned_names(params)
     for lang in params.data.languages:
         configs += [RunConfig("edge", lang), RunConfig("cloud", lang)]
-        for name in names:
-            for b in params.gates.budgets:
-                thr = gates_json["gates"][name]["thresholds"][str(b)][lang]  # calibrated per language
-                cfg = RunConfig("ugsd", lang, name, float(thr), d.block_len, **base)
-                configs.append(cfg)
+        oracle = RunConfig("ugsd", lang, "always", None, 0, token=g.verify, **base)
+        configs.append(oracle)
+        tags[oracle] = {"gate_name": ORACLE, "budget": None}
+        for b in g.budgets:
+            for rule in g.baselines:
+                thr = gates_json["gates"][rule]["thresholds"][str(b)][lang]
+                cfg = RunConfig("ugsd", lang, rule, float(thr), 0, token=g.verify, **base)
+                tags[cfg] = {"gate_name": rule, "budget": b}
+                thr = gates_json["gates"][rule + BLOCK_SUFFIX]["thresholds"][str(b)][lang]
+                block = RunConfig("ugsd", lang, rule, float(thr), d.block_len, **base)
+                tags[block] = {"gate_name": rule + BLOCK_SUFFIX, "budget": b}
+                configs += [cfg, block]
+            for name in dict.fromkeys(gates_json["chosen"].values()):
+                thr = gates_json["gates"][name]["thresholds"][str(b)][lang]
+                cfg = RunConfig("ugsd", lang, name, float(thr), 0, token=g.verify, **base)
                 tags[cfg] = {"gate_name": name, "budget": b}
+                configs.append(cfg)
     return configs, tags
+
+
+def _stats(c: dict) -> ClipStats:
+    return ClipStats.from_json(c["clip_stats"])
 
 
 def build_gate_report(params: Params, summary: dict, out: Path = OUT) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    ok = [c for c in summary["configs"] if c["status"] == "FINISHED"]
-    langs = list(params.data.languages)
+    ok = [c for c in summary["configs"] if c["status"] == "FINISHED" and c.get("clip_stats")]
     rows, result = [], {"languages": {}}
-    for lang in langs:
-        ref = {m: next((c["metrics"] for c in ok if c["method"] == m and c["language"] == lang), None)
-               for m in ("edge", "cloud")}
+    for lang in params.data.languages:
+        ref = {m: next((c for c in ok if c["method"] == m and c["language"] == lang), None) for m in ("edge", "cloud")}
         if not ref["edge"] or not ref["cloud"]:
             continue
-        gap = ref["cloud"]["bleu1"] - ref["edge"]["bleu1"]
-        per_gate = {}
+        edge, cloud = _stats(ref["edge"]), _stats(ref["cloud"])
+        keys = [k for k, _ in KEYS if k != "emotion_hit_rate" or "emotion_hit" in edge.columns]
+        per_gate: dict[str, list] = {}
+        lang_res = result["languages"][lang] = {
+            "edge": {k: interval(edge, k) for k in keys}, "cloud": {k: interval(cloud, k) for k in keys},
+            "gates": per_gate}
         for c in ok:
             if c["language"] != lang or c["method"] != "ugsd":
                 continue
-            m = c["metrics"]
-            closed = 100 * (m["bleu1"] - ref["edge"]["bleu1"]) / gap if gap > 0 else None
-            entry = {"budget": c["budget"], "rho": m.get("rho", 0.0), "bleu1": m["bleu1"], "meteor": m["meteor"],
-                     "rouge_l": m["rouge_l"], "total_time": m["total_time"], "gap_closed": closed,
-                     "threshold": c["threshold"]}
+            m, s = c["metrics"], _stats(c)
+            oracle = c["gate_name"] == ORACLE
+            rho = m.get("corrected", 0.0) / m["drafted"] if oracle and m.get("drafted") else m.get("rho", 0.0)
+            entry = {"budget": c["budget"], "rho": rho, "threshold": c["threshold"], "total_time": m["total_time"],
+                     "cloud_compute": m.get("cloud_compute", 0.0), "edge_compute": m.get("edge_compute", 0.0)}
+            for k in keys:
+                entry[k] = interval(s, k)
+                entry[f"gap_closed_{k}"] = gap_closed(edge, s, cloud, k)
             per_gate.setdefault(c["gate_name"], []).append(entry)
-            rows.append([lang, c["gate_name"], c["budget"], m.get("rho", 0.0), m["bleu1"], m["meteor"], m["rouge_l"],
-                         m.get("emotion_hit_rate"), m["total_time"], closed])
+            rows.append([lang, c["gate_name"], "-" if oracle else c["budget"], f"{rho:.3f}"]
+                        + [format_ci(entry[k]) for k in keys] + [_share(entry[f"gap_closed_{k}"]) for k in keys]
+                        + [f"{m['total_time']:.2f}"])
         for entries in per_gate.values():
-            entries.sort(key=lambda e: e["budget"])
-        result["languages"][lang] = {"edge": ref["edge"]["bleu1"], "cloud": ref["cloud"]["bleu1"], "gates": per_gate,
-                                     "target": _target(per_gate, params)}
-    header = ["lang", "gate", "budget rho*", "rho", "BLEU-1", "METEOR", "ROUGE-L", "emotion hit %", "total s",
-              "gap closed %"]
-    fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) and abs(v) < 1 else  # noqa: E731
-                                           f"{v:.1f}" if isinstance(v, float) else str(v))
-    lines = [md_table(header, rows, fmt)]
-    target_lines = []
+            entries.sort(key=lambda e: e["budget"] or 0.0)
+        lang_res["gap"] = {k: gap_closed(edge, edge, cloud, k)["gap"] for k in keys}
+        lang_res["targets"] = _targets(per_gate, params, keys)
+    names = [n for _, n in KEYS]
+    header = ["lang", "gate", "budget rho*", "rho"] + names + [f"{n} gap closed %" for n in names] + ["total s"]
+    text = ["# Gates at equal escalation budgets (test clips)\n",
+            "Thresholds picked on validation traces for each budget rho*; rho is the share of drafted tokens "
+            "the gate really sent (the oracle's: the tokens the cloud replaced). Intervals: 95% paired bootstrap "
+            "over the test clips. Gap closed = (gate - edge) / (cloud - edge).\n"]
     for lang, r in result["languages"].items():
-        for name, t in r["target"].items():
-            target_lines.append(f"- {lang} {name}: best gap closed at rho <= 0.15: "
-                                f"{fmt(t['best_closed_at_015'])}% (target >= 80%); not worse than entropy at any "
-                                f"budget: {t['never_worse_than_entropy']}")
-    (out / "gates.md").write_text(
-        "# Gates at equal escalation budgets (test clips)\n\nThresholds picked on validation traces for each "
-        "budget rho*; rho is what the gate really sent. Gap closed = share of the edge -> cloud BLEU-1 gap.\n\n"
-        + "\n".join(lines) + "\n\n## Targets\n\n" + "\n".join(target_lines) + "\n")
+        ref_line = ", ".join(f"{n}: edge {format_ci(r['edge'][k])}, cloud {format_ci(r['cloud'][k])}, gap "
+                             f"{format_ci(r['gap'][k], signed=True)}" for k, n in KEYS if k in r["edge"])
+        text.append(f"- {lang}: {ref_line}")
+    text.append("\n" + md_table(header, rows) + "\n\n## Targets (budget rho* <= 0.1)\n")
+    for lang, r in result["languages"].items():
+        for line in r["targets"]["lines"]:
+            text.append(f"- {lang}: {line}")
+    (out / "gates.md").write_text("\n".join(text) + "\n")
     _pareto_plot(result, out / "pareto.png")
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     return result
 
 
-def _target(per_gate: dict, params: Params) -> dict:
-    ent = {e["budget"]: e["bleu1"] for e in per_gate.get("entropy", [])}
-    out = {}
-    for name in learned_names(params):
-        entries = per_gate.get(name, [])
-        under = [e["gap_closed"] for e in entries if e["rho"] <= 0.15 and e["gap_closed"] is not None]
-        out[name] = {"best_closed_at_015": max(under) if under else None,
-                     "never_worse_than_entropy": all(e["bleu1"] >= ent.get(e["budget"], -1) for e in entries)
-                     if ent else None}
+def _share(g: dict) -> str:
+    return format_ci(g) if g["significant_gap"] else f"{g['value']:.0f} (noise: gap not above 0)"
+
+
+def _targets(per_gate: dict, params: Params, keys: list[str]) -> dict:
+    """For each learned gate at each budget <= 0.1: its gap shares (with CI), entropy's point
+    estimates per token and per block at the same budget, and the oracle's share."""
+    oracle = (per_gate.get(ORACLE) or [None])[0]
+    out = {"gates": {}, "lines": []}
+    rules = [r for b in params.gates.baselines for r in (b, b + BLOCK_SUFFIX)]
+    for name, entries in per_gate.items():
+        if name == ORACLE or name in rules:
+            continue
+        for e in entries:
+            if e["budget"] is None or e["budget"] > 0.1 + 1e-9:
+                continue
+            rec = {"budget": e["budget"], "rho": e["rho"]}
+            for k in keys:
+                share = e[f"gap_closed_{k}"]
+                ent = {r: next((x[f"gap_closed_{k}"]["value"] for x in per_gate.get(r, []) if x["budget"] == e["budget"]),
+                               None) for r in rules}
+                rec[k] = {"share": share, "entropy_point": ent,
+                          "ci_low_above_entropy": all(v is None or share["ci_low"] > v for v in ent.values()),
+                          "oracle": None if oracle is None else oracle[f"gap_closed_{k}"]["value"]}
+            rec["closes_80"] = all(rec[k]["share"]["value"] >= 80 for k in keys)
+            out["gates"].setdefault(name, []).append(rec)
+            parts = [f"{n} {format_ci(rec[k]['share'])}% (entropy per token / per block "
+                     + " / ".join("–" if v is None else f"{v:.0f}" for v in rec[k]["entropy_point"].values())
+                     + ("" if rec[k]["oracle"] is None else f"; oracle {rec[k]['oracle']:.0f}") + ")"
+                     for k, n in KEYS if k in keys]
+            out["lines"].append(f"{name} at rho* {e['budget']} (rho {e['rho']:.3f}): " + "; ".join(parts)
+                                + f"; >= 80% of both gaps: {rec['closes_80']}; CI lower bound above entropy's "
+                                f"points: {all(rec[k]['ci_low_above_entropy'] for k in keys)}")
     return out
 
 
@@ -101,18 +156,26 @@ def _pareto_plot(result: dict, path: Path) -> None:
     langs = list(result["languages"])
     if not langs:
         return
-    fig, axes = plt.subplots(1, len(langs), figsize=(5.5 * len(langs), 4), squeeze=False)
-    for ax, lang in zip(axes[0], langs):
+    fig, axes = plt.subplots(len(KEYS), len(langs), figsize=(5.5 * len(langs), 4 * len(KEYS)), squeeze=False)
+    for col, lang in enumerate(langs):
         r = result["languages"][lang]
-        for name, entries in sorted(r["gates"].items()):
-            ax.plot([0.0] + [e["rho"] for e in entries], [r["edge"]] + [e["bleu1"] for e in entries], marker="o",
-                    label=name, ls="--" if name in ("entropy", "margin", "logprob") else "-")
-        ax.axhline(r["cloud"], color="k", ls=":", lw=1, label="cloud-only")
-        ax.axhline(r["edge"], color="grey", ls=":", lw=1, label="edge-only")
-        ax.set_xlabel("rho (share of drafted tokens sent)")
-        ax.set_ylabel("BLEU-1")
-        ax.set_title(f"gates at equal budgets ({lang})")
-        ax.legend(fontsize=7)
+        for row, (k, label) in enumerate(KEYS):
+            ax = axes[row][col]
+            if k not in r["edge"]:
+                ax.set_visible(False)
+                continue
+            for name, entries in sorted(r["gates"].items()):
+                xs = [e["rho"] for e in entries]
+                ys = [e[k]["value"] for e in entries]
+                err = [[e[k]["value"] - e[k]["ci_low"] for e in entries], [e[k]["ci_high"] - e[k]["value"] for e in entries]]
+                style = dict(marker="*", ms=11, ls="none") if name == ORACLE else dict(marker="o", capsize=3)
+                ax.errorbar(xs, ys, yerr=err, label=name, **style)
+            ax.axhline(r["cloud"][k]["value"], color="k", ls=":", lw=1, label="cloud-only")
+            ax.axhline(r["edge"][k]["value"], color="grey", ls=":", lw=1, label="edge-only")
+            ax.set_xlabel("rho (share of drafted tokens sent)")
+            ax.set_ylabel(label)
+            ax.set_title(f"{label} at equal budgets ({lang}), 95% CI")
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,11 +1,14 @@
-"""Training the learned gates on the traces (the `gates` stage) and loading them for decoding.
+"""Training the token gates on the on-policy traces (the `gates` stage) and loading them for decoding.
 
 For every (classifier, target) of params.gates: fit on the train traces; on the validation traces
 measure how well it ranks mismatches and critical mismatches (ROC AUC), draw its calibration,
-list its feature importances, and pick the threshold for every budget rho* (blocks scoring above
-it hold rho* of the drafted tokens). The rule gates of `gates.baselines` get thresholds for the
-same budgets from the same validation traces, so every gate is later compared at equal budget.
-Each gate is saved as models/gates/<name>.pkl ({"model", "thresholds", "threshold"}).
+list its feature importances, and pick each language's threshold for every budget rho* (the
+share of validation tokens it flags). Per target the classifier with the best validation AUC
+on that target is `chosen` (the one the test evaluation runs). The rule baselines get thresholds
+for the same budgets from the same traces: `entropy` per token, and `entropy-block` per block of
+gates.traces.block_len tokens (UGSD's gate; the traces' caption cut into blocks as the loop would
+draft them while it escalates nothing). Each learned gate is saved as models/gates/<name>.pkl
+({"model", "thresholds", "threshold", "name", "verify"}).
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import numpy as np
 import pandas as pd
 
 from ..config import Params
-from ..gating.features import FEATURES
-from ..gating.learned import (GateModel, LearnedGate, block_table, fit_gate, rule_token_scores,
-                              threshold_for_budget)
+from ..gating.features import TOKEN_SCALARS
+from ..gating.learned import LearnedGate, threshold_for_budget
+from ..gating.token_gates import LearnedTokenGate, TokenGateModel, fit_token_gate, threshold_for_share
+from .traces import features_of
+
+BLOCK_SUFFIX = "-block"
 
 
 def gate_dir(params: Params) -> Path:
@@ -28,11 +34,11 @@ def gate_dir(params: Params) -> Path:
 
 
 def learned_names(params: Params) -> list[str]:
-    return [f"{k}-{t}" for k in params.gates.kinds for t in params.gates.targets]
+    return [f"tok-{k}-{t}" for k in params.gates.kinds for t in params.gates.targets]
 
 
 def is_learned(name: str) -> bool:
-    return name.startswith(("logistic-", "lightgbm-"))
+    return name.startswith(("tok-", "logistic-", "lightgbm-"))
 
 
 def roc_auc(y: np.ndarray, s: np.ndarray) -> float | None:
@@ -40,14 +46,17 @@ def roc_auc(y: np.ndarray, s: np.ndarray) -> float | None:
     return float(roc_auc_score(y, s)) if 0 < np.sum(y) < len(y) else None
 
 
-def importances(model: GateModel) -> pd.DataFrame:
-    clf = model.mismatch
-    if hasattr(clf, "feature_importances_"):
-        vals = np.asarray(clf.booster_.feature_importance("gain"), dtype=float)
-    else:  # logistic regression on standardized features: the coefficients
-        vals = np.asarray(clf[-1].coef_[0], dtype=float)
-    return pd.DataFrame({"feature": FEATURES, "importance": vals}).sort_values(
-        "importance", key=np.abs, ascending=False)
+def importances(model: TokenGateModel) -> pd.DataFrame | None:
+    """LightGBM's gain per column, or the logistic coefficients; the MLP has none to give."""
+    cols = list(model.columns)
+    if model.kind == "lightgbm":
+        vals = np.asarray(model.clf.booster_.feature_importance("gain"), dtype=float)
+    elif model.kind == "logistic":
+        cols = cols[:len(TOKEN_SCALARS)] + cols[len(TOKEN_SCALARS) + 1:]  # it does not read the raw id
+        vals = np.asarray(model.clf[-1].coef_[0], dtype=float)
+    else:
+        return None
+    return pd.DataFrame({"feature": cols, "importance": vals}).sort_values("importance", key=np.abs, ascending=False)
 
 
 def calibration_plot(curves: dict[str, tuple[np.ndarray, np.ndarray]], path: Path) -> None:
@@ -58,13 +67,22 @@ def calibration_plot(curves: dict[str, tuple[np.ndarray, np.ndarray]], path: Pat
     ax.plot([0, 1], [0, 1], "k:", lw=1)
     for name, (pred, frac) in curves.items():
         ax.plot(pred, frac, marker="o", label=name)
-    ax.set_xlabel("predicted P(mismatch)")
-    ax.set_ylabel("observed mismatch rate")
-    ax.set_title("gate calibration (validation traces)")
+    ax.set_xlabel("predicted probability")
+    ax.set_ylabel("observed rate of the target")
+    ax.set_title("token gate calibration (validation traces)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def end_token(traces: pd.DataFrame) -> int:
+    """The edge's end token id, as the traces recorded it."""
+    ends = traces["eos"].unique() if "eos" in traces.columns else []
+    if len(ends) != 1:
+        raise ValueError(f"the traces should name one end token (column 'eos'); found {list(ends)}: "
+                         "trace again (dvc repro traces)")
+    return int(ends[0])
 
 
 def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir: Path | None = None) -> dict:
@@ -73,52 +91,79 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
     out = out_dir or gate_dir(params)
     out.mkdir(parents=True, exist_ok=True)
     g = params.gates
-    x_val = val[list(FEATURES)].to_numpy(np.float32)
-    y_mis = val["mismatch"].to_numpy(bool)
-    y_crit = (val["critical"].fillna(0).to_numpy(float) > 0.5)
-    result = {"budgets": list(g.budgets), "gates": {}}
+    x_train, x_val = features_of(train), features_of(val)
+    dim = x_train.shape[1] - len(TOKEN_SCALARS) - 1
+    eos = end_token(train)
+    y = {t: val[t].to_numpy(bool) for t in ("mismatch", "critical")}
+    result = {"budgets": list(g.budgets), "verify": g.verify, "gates": {}, "chosen": {}}
     curves = {}
     for name in learned_names(params):
-        kind, target = name.split("-", 1)
-        model = fit_gate(train, kind, target, params.seed)
+        _, kind, target = name.split("-", 2)
+        model = fit_token_gate(x_train, train, kind, target, dim, eos, params.seed)
         s = model.token_scores(x_val)
         thresholds = _thresholds(val, s, g.budgets)
-        pm = model.mismatch.predict_proba(x_val)[:, 1]
-        pred, frac = calibration_curve(y_mis, pm, n_bins=8, strategy="quantile")
+        pred, frac = calibration_curve(y[target], s, n_bins=8, strategy="quantile")
         curves[name] = (pred, frac)
         imp = importances(model)
-        imp.to_csv(out / f"{name}.importance.csv", index=False)
-        entry = {"kind": kind, "target": target, "thresholds": thresholds, "auc_mismatch": roc_auc(y_mis, s),
-                 "auc_critical": roc_auc(y_crit, s), "top_features": imp["feature"].head(5).tolist(), **model.meta}
+        if imp is not None:
+            imp.to_csv(out / f"{name}.importance.csv", index=False)
+        entry = {"kind": kind, "target": target, "thresholds": thresholds, "auc_mismatch": roc_auc(y["mismatch"], s),
+                 "auc_critical": roc_auc(y["critical"], s),
+                 "top_features": [] if imp is None else imp["feature"].head(5).tolist(), **model.meta}
         with open(out / f"{name}.pkl", "wb") as fh:
-            pickle.dump({"model": model, "thresholds": thresholds,
-                         "threshold": _thresholds(val, s, [g.promote_budget])[str(g.promote_budget)], "name": name}, fh)
+            pickle.dump({"model": model, "thresholds": thresholds, "name": name, "verify": g.verify,
+                         "threshold": _thresholds(val, s, [g.promote_budget])[str(g.promote_budget)]}, fh)
         result["gates"][name] = entry
+    for target in g.targets:
+        named = [n for n in learned_names(params) if n.endswith(f"-{target}")]
+        result["chosen"][target] = max(named, key=lambda n: result["gates"][n][f"auc_{target}"] or 0.0)
     for rule in g.baselines:
-        s = rule_token_scores(val, rule)
-        result["gates"][rule] = {"kind": "rule", "target": "-",
-                                 "thresholds": {b: {lang: _rule_threshold(rule, t) for lang, t in per.items()}
-                                                for b, per in _thresholds(val, s, g.budgets).items()},
-                                 "auc_mismatch": roc_auc(y_mis, s), "auc_critical": roc_auc(y_crit, s)}
+        s = _rule_scores(val, x_val, rule)
+        result["gates"][rule] = {"kind": "rule", "target": "-", "level": "token",
+                                 "thresholds": _rule_units(rule, _thresholds(val, s, g.budgets)),
+                                 "auc_mismatch": roc_auc(y["mismatch"], s), "auc_critical": roc_auc(y["critical"], s)}
+        blocks = _block_thresholds(val, s, g.budgets, params.gates.traces.block_len)
+        result["gates"][rule + BLOCK_SUFFIX] = {"kind": "rule", "target": "-", "level": "block",
+                                                "thresholds": _rule_units(rule, blocks)}
     calibration_plot(curves, out / "calibration.png")
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     return result
 
 
+def _rule_scores(traces: pd.DataFrame, x: np.ndarray, rule: str) -> np.ndarray:
+    """A rule gate's token scores on its threshold's scale (higher = more doubtful)."""
+    col = {"entropy": "entropy", "margin": "margin", "logprob": "logprob"}[rule]
+    v = x[:, TOKEN_SCALARS.index(col)].astype(float)
+    return v if rule == "entropy" else -v
+
+
+def _rule_units(rule: str, thresholds: dict) -> dict:
+    """Thresholds on the score scale back in the gate's own units (margin delta, log-prob)."""
+    sign = -1.0 if rule in ("margin", "logprob") else 1.0
+    return {b: {lang: sign * t for lang, t in per.items()} for b, per in thresholds.items()}
+
+
 def _thresholds(val: pd.DataFrame, scores: np.ndarray, budgets) -> dict[str, dict[str, float]]:
-    """budget -> language -> threshold, each language calibrated on its own validation blocks."""
+    """budget -> language -> threshold flagging that share of the language's validation tokens."""
     out = {str(b): {} for b in budgets}
     for lang in sorted(val["language"].unique()):
         mask = (val["language"] == lang).to_numpy()
-        blocks = block_table(val[mask], scores[mask])
         for b in budgets:
-            out[str(b)][lang] = threshold_for_budget(blocks, b)
+            out[str(b)][lang] = threshold_for_share(scores[mask], b)
     return out
 
 
-def _rule_threshold(rule: str, score_threshold: float) -> float:
-    """A threshold on the token-score scale back in the gate's own units (margin delta, log-prob)."""
-    return -score_threshold if rule in ("margin", "logprob") else score_threshold
+def _block_thresholds(val: pd.DataFrame, scores: np.ndarray, budgets, block_len: int) -> dict:
+    """Block gates: blocks of `block_len` consecutive tokens of each traced caption, score = max."""
+    df = val[["clip_id", "language", "pos"]].copy()
+    df["block"] = df["pos"] // block_len
+    df["score"] = scores
+    out = {str(b): {} for b in budgets}
+    for lang, part in df.groupby("language"):
+        blocks = part.groupby(["clip_id", "block"]).agg(score=("score", "max"), size=("score", "size"))
+        for b in budgets:
+            out[str(b)][lang] = threshold_for_budget(blocks, b)
+    return out
 
 
 def read_gates_json(params: Params) -> dict:
@@ -129,8 +174,16 @@ def read_gates_json(params: Params) -> dict:
     return json.loads(path.read_text())
 
 
-def load_gate(params: Params, name: str, threshold: float | dict | None = None,
-              cache: dict | None = None) -> LearnedGate:
+def gate_from_saved(saved: dict, threshold: float | dict | None = None, name: str | None = None):
+    """The gate a saved pickle describes: a token gate, or an older block gate (gating.learned)."""
+    thr = saved["threshold"] if threshold is None else threshold
+    model = saved["model"]
+    if getattr(model, "level", "block") == "token":
+        return LearnedTokenGate(model, thr, name or saved.get("name"), saved.get("verify", "alone"))
+    return LearnedGate(model, thr, name or saved.get("name"))
+
+
+def load_gate(params: Params, name: str, threshold: float | dict | None = None, cache: dict | None = None):
     """A learned gate from models/gates/<name>.pkl, at `threshold` (default: the promote budget's,
     per language)."""
     path = gate_dir(params) / f"{name}.pkl"
@@ -143,4 +196,4 @@ def load_gate(params: Params, name: str, threshold: float | dict | None = None,
             saved = pickle.load(fh)
         if cache is not None:
             cache[path] = saved
-    return LearnedGate(saved["model"], saved["threshold"] if threshold is None else threshold, name)
+    return gate_from_saved(saved, threshold, name)

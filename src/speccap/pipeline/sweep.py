@@ -42,6 +42,7 @@ class RunConfig:
     level: int | None = None  # Q-S lattice level (0: the adaptive policy picks L and level per round)
     channel: str | None = None  # a named link of wisv.channels instead of params.link
     tau: float | None = None  # WISV: tolerate a mismatch when P(reject) < tau (None: wisv.tau)
+    token: str | None = None  # a token-level gate, verifying the flagged token "alone" or with the "pending" ones
 
     @property
     def name(self) -> str:
@@ -57,11 +58,13 @@ class RunConfig:
         temp = "" if self.temperature is None else f"-T{self.temperature:g}"
         tau = "" if self.tau is None else f"{self.tau:g}"
         channel = "" if self.channel is None else f"@{self.channel}"
+        if self.token is not None:
+            length = f"tok{self.token}"
         return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{rule}{tau}{piped}{temp}{channel}"
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        for k in ("temperature", "level", "channel", "tau"):  # added later: left out when unused, so older keys stay valid
+        for k in ("temperature", "level", "channel", "tau", "token"):  # added later: left out when unused, so older keys stay valid
             if d[k] is None:
                 del d[k]
         return d
@@ -194,6 +197,8 @@ def caption_one(job: tuple[dict, str]) -> dict:
                                              params.qs.l_max)
             if learned:
                 settings.gate = load_gate(params, cfg.gate, cfg.threshold, cache=_W.setdefault("gates", {}))
+            if cfg.token is not None:
+                settings.gate.at_token_level(cfg.token)
             if cfg.rule == "wisv":  # greedy localization, the trained head judging each mismatch
                 from ..decoding.wisv import WISV
                 from .wisv import cached_head

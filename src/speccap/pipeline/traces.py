@@ -1,17 +1,22 @@
-"""Trace collection over the train and validation splits (the `traces` stage), resumable.
+"""Trace collection over the train and validation splits, resumable: the token gates' on-policy
+traces (the `traces` stage, gating.shadow) and WISV's verified-block traces (gating.traces).
 
 Each clip's rows are appended to `<dir>/<split>.<lang>.jsonl` as soon as it is traced, so an
 interrupted run picks up where it stopped; the stage then writes one Parquet table per split.
+A shadow record carries its feature matrix as base64 float32 (with hidden states, JSON numbers
+would be ten times larger).
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
 import traceback
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..config import Params
@@ -30,10 +35,11 @@ def trace_clips(params: Params, split: str, language: str, counts=None) -> list[
 
 
 def trace_settings(params: Params):
-    from ..gating.traces import TraceSettings
+    """The token gates' on-policy traces (gating.shadow.ShadowSettings)."""
+    from ..gating.shadow import ShadowSettings
     t = params.gates.traces
-    return TraceSettings(block_len=t.block_len, rank=params.decode.rank, critical_margin=t.critical_margin,
-                         max_new_tokens=params.models.max_new_tokens)
+    return ShadowSettings(rank=params.decode.rank, critical_margin=t.critical_margin,
+                          max_new_tokens=params.models.max_new_tokens)
 
 
 def traces_key(params: Params, settings=None) -> str:
@@ -43,12 +49,43 @@ def traces_key(params: Params, settings=None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def trace_one(job: tuple[str, str, str, list[str], str, dict]) -> dict:
+def shadow_one(job: tuple) -> dict:
+    """One clip's on-policy trace in a worker (models from sweep._W); errors come back as a record."""
+    from ..data.featurize import load_clip_features
+    from ..gating.shadow import ShadowSettings, shadow_caption
+    clip_id, split, language, references, key, settings, emotion = job
+    params: Params = sweep._W["params"]
+    try:
+        mel, _ = load_clip_features(params.data.processed_dir, clip_id)
+        x, labels, caption = shadow_caption(sweep._W["edge"], sweep._W["cloud"], mel, language, references,
+                                            emotion, ShadowSettings(**settings))
+        return {"id": clip_id, "key": key, "split": split, "language": language, "caption": caption,
+                "rows": labels, "x_shape": list(x.shape), "x": base64.b64encode(x.tobytes()).decode()}
+    except Exception as exc:  # noqa: BLE001 - the stage decides what a failed clip means
+        return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+
+
+def _frame(rec: dict) -> pd.DataFrame:
+    """A clip record's rows as a table (a shadow record's features as columns x0..)."""
+    df = pd.DataFrame(rec["rows"])
+    if "x" in rec:
+        x = np.frombuffer(base64.b64decode(rec["x"]), dtype=np.float32).reshape(rec["x_shape"])
+        df = pd.concat([df, pd.DataFrame(x, columns=[f"x{k}" for k in range(x.shape[1])])], axis=1)
+    return df
+
+
+def features_of(df: pd.DataFrame) -> np.ndarray:
+    """The feature matrix of a shadow trace table (columns x0.., in order)."""
+    n = sum(1 for c in df.columns if c.startswith("x") and c[1:].isdigit())
+    return df[[f"x{k}" for k in range(n)]].to_numpy(np.float32)
+
+
+def trace_one(job: tuple) -> dict:
     """Trace one clip in a worker (models from sweep._W) under the TraceSettings given as a dict;
     errors come back as a record."""
     from ..data.featurize import load_clip_features
     from ..gating.traces import TraceSettings, trace_caption
-    clip_id, split, language, references, key, settings = job
+    clip_id, split, language, references, key, settings, _ = job
     params: Params = sweep._W["params"]
     try:
         mel, _ = load_clip_features(params.data.processed_dir, clip_id)
@@ -83,7 +120,7 @@ def collect(params: Params, pool: sweep.Pool, out_dir: Path = TRACE_DIR, progres
                         done[rec["id"]] = rec
                 path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done.values()),
                                 encoding="utf-8")
-            jobs = [(c["id"], split, lang, c["references"], key, dataclasses.asdict(settings))
+            jobs = [(c["id"], split, lang, c["references"], key, dataclasses.asdict(settings), c.get("emotion"))
                     for c in clips if c["id"] not in done]
             with open(path, "a", encoding="utf-8") as fh:
                 for rec in pool.imap(jobs):
@@ -97,7 +134,7 @@ def collect(params: Params, pool: sweep.Pool, out_dir: Path = TRACE_DIR, progres
                         progress()
             for c in clips:
                 if c["id"] in done:
-                    df = pd.DataFrame(done[c["id"]]["rows"])
+                    df = _frame(done[c["id"]])
                     df.insert(0, "clip_id", c["id"])
                     df.insert(1, "language", lang)
                     frames.append(df)
@@ -109,6 +146,9 @@ def collect(params: Params, pool: sweep.Pool, out_dir: Path = TRACE_DIR, progres
 
 
 def summary(tables: dict[str, pd.DataFrame]) -> dict:
+    """Per split: clips, tokens, the mismatch rate and what the judged mismatches are worth."""
+    if any("first_reject" not in df.columns for df in tables.values() if len(df)):
+        return shadow_summary(tables)
     out = {}
     for split, df in tables.items():
         judged = df[df["first_reject"]] if len(df) else df
@@ -117,4 +157,18 @@ def summary(tables: dict[str, pd.DataFrame]) -> dict:
                       "judged_mismatches": int(len(judged)),
                       "critical_share_of_judged": float(judged["critical"].mean()) if len(judged) else 0.0,
                       "mean_impact": float(judged["impact"].mean()) if len(judged) else 0.0}
+    return out
+
+
+def shadow_summary(tables: dict[str, pd.DataFrame]) -> dict:
+    out = {}
+    for split, df in tables.items():
+        judged = df[df["mismatch"]] if len(df) else df
+        out[split] = {"clips": int(df["clip_id"].nunique()) if len(df) else 0, "tokens": int(len(df)),
+                      "mismatch_rate": float(df["mismatch"].mean()) if len(df) else 0.0,
+                      "critical_rate": float(df["critical"].mean()) if len(df) else 0.0,
+                      "judged_mismatches": int(len(judged)),
+                      "critical_share_of_judged": float(judged["critical"].mean()) if len(judged) else 0.0,
+                      "mean_impact": float(judged["impact"].mean()) if len(judged) else 0.0,
+                      "mean_emotion_gain": float(judged["impact_emotion"].mean()) if len(judged) else 0.0}
     return out
