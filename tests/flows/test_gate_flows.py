@@ -66,3 +66,4 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
         assert main(["--params", str(pfile), "caption", wav, "--mode", "ugsd", "--gate", "champion", "--json"]) == 0
     out = json.loads(buf.getvalue().strip().splitlines()[-1])
     assert isinstance(out["caption"], str) and "rho" in out
+    assert out["transmitted"] == out["rounds"]  # token level, verify "alone": one token per round

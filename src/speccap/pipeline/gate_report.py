@@ -9,6 +9,12 @@ is what a gate that escalates exactly the tokens the cloud replaces would write,
 those tokens' share, corrected / drafted. Gap closed = (method - edge) / (cloud - edge), for
 BLEU-1 and for the emotion hit, each with its interval; a share of a gap whose own interval
 reaches 0 is marked as noise.
+
+Latency on the papers' hardware: the measured compute is scaled so that edge-only runs at 2.10
+tokens/s and cloud-only at 24.16 (seed 000, Table 2: a 3B edge on 2 CPU cores, a 7B cloud on a
+GPU), calibrated from this run's own edge-only and cloud-only token rates; the blocking loop's
+time is edge compute + cloud compute + link time (params.link), so it scales term by term. The
+cloud's compute per caption is compared with cloud-only's (the ratio does not depend on the scale).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from .sweep import RunConfig
 
 OUT = Path("reports/gates")
 ORACLE = "oracle"
+PAPER_EDGE_OTPS, PAPER_CLOUD_OTPS = 2.10, 24.16  # seed 000, Table 2: Edge (3B), Cloud (7B)
 KEYS = (("bleu1", "BLEU-1"), ("emotion_hit_rate", "emotion hit"))
 
 
@@ -69,6 +76,11 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT) -> dict:
         if not ref["edge"] or not ref["cloud"]:
             continue
         edge, cloud = _stats(ref["edge"]), _stats(ref["cloud"])
+        em, cm = ref["edge"]["metrics"], ref["cloud"]["metrics"]
+        es = em["otps"] / PAPER_EDGE_OTPS if em.get("otps") else 1.0
+        cs = cm["otps"] / PAPER_CLOUD_OTPS if cm.get("otps") else 1.0
+        papers = lambda m: es * m.get("edge_compute", 0.0) + cs * m.get("cloud_compute", 0.0) + m.get("link_time", 0.0)  # noqa: E731
+        edge_time, cloud_time = papers(em), papers(cm)
         keys = [k for k, _ in KEYS if k != "emotion_hit_rate" or "emotion_hit" in edge.columns]
         per_gate: dict[str, list] = {}
         lang_res = result["languages"][lang] = {
@@ -81,20 +93,28 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT) -> dict:
             oracle = c["gate_name"] == ORACLE
             rho = m.get("corrected", 0.0) / m["drafted"] if oracle and m.get("drafted") else m.get("rho", 0.0)
             entry = {"budget": c["budget"], "rho": rho, "threshold": c["threshold"], "total_time": m["total_time"],
-                     "cloud_compute": m.get("cloud_compute", 0.0), "edge_compute": m.get("edge_compute", 0.0)}
+                     "cloud_compute": m.get("cloud_compute", 0.0), "edge_compute": m.get("edge_compute", 0.0),
+                     "papers_time": papers(m), "papers_x_edge": papers(m) / edge_time if edge_time else None,
+                     "cloud_compute_vs_cloud_only": m.get("cloud_compute", 0.0) / cm["cloud_compute"]
+                     if cm.get("cloud_compute") else None}
             for k in keys:
                 entry[k] = interval(s, k)
                 entry[f"gap_closed_{k}"] = gap_closed(edge, s, cloud, k)
             per_gate.setdefault(c["gate_name"], []).append(entry)
             rows.append([lang, c["gate_name"], "-" if oracle else c["budget"], f"{rho:.3f}"]
                         + [format_ci(entry[k]) for k in keys] + [_share(entry[f"gap_closed_{k}"]) for k in keys]
-                        + [f"{m['total_time']:.2f}"])
+                        + [f"{entry['papers_time']:.1f}", _x(entry["papers_x_edge"]),
+                           _x(entry["cloud_compute_vs_cloud_only"])])
         for entries in per_gate.values():
             entries.sort(key=lambda e: e["budget"] or 0.0)
         lang_res["gap"] = {k: gap_closed(edge, edge, cloud, k)["gap"] for k in keys}
+        lang_res["papers_hardware"] = {"edge_scale": es, "cloud_scale": cs, "edge_only_s": edge_time,
+                                       "cloud_only_s": cloud_time, "cloud_only_x_edge": cloud_time / edge_time
+                                       if edge_time else None}
         lang_res["targets"] = _targets(per_gate, params, keys)
     names = [n for _, n in KEYS]
-    header = ["lang", "gate", "budget rho*", "rho"] + names + [f"{n} gap closed %" for n in names] + ["total s"]
+    header = ["lang", "gate", "budget rho*", "rho"] + names + [f"{n} gap closed %" for n in names] + [
+        "papers' hw s", "x edge-only", "cloud compute x cloud-only"]
     text = ["# Gates at equal escalation budgets (test clips)\n",
             "Thresholds picked on validation traces for each budget rho*; rho is the share of drafted tokens "
             "the gate really sent (the oracle's: the tokens the cloud replaced). Intervals: 95% paired bootstrap "
@@ -102,7 +122,9 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT) -> dict:
     for lang, r in result["languages"].items():
         ref_line = ", ".join(f"{n}: edge {format_ci(r['edge'][k])}, cloud {format_ci(r['cloud'][k])}, gap "
                              f"{format_ci(r['gap'][k], signed=True)}" for k, n in KEYS if k in r["edge"])
-        text.append(f"- {lang}: {ref_line}")
+        hw = r["papers_hardware"]
+        text.append(f"- {lang}: {ref_line}; on the papers' hardware edge-only {hw['edge_only_s']:.1f} s, "
+                    f"cloud-only {hw['cloud_only_s']:.1f} s per caption")
     text.append("\n" + md_table(header, rows) + "\n\n## Targets (budget rho* <= 0.1)\n")
     for lang, r in result["languages"].items():
         for line in r["targets"]["lines"]:
@@ -111,6 +133,10 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT) -> dict:
     _pareto_plot(result, out / "pareto.png")
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def _x(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}"
 
 
 def _share(g: dict) -> str:
@@ -129,7 +155,8 @@ def _targets(per_gate: dict, params: Params, keys: list[str]) -> dict:
         for e in entries:
             if e["budget"] is None or e["budget"] > 0.1 + 1e-9:
                 continue
-            rec = {"budget": e["budget"], "rho": e["rho"]}
+            rec = {"budget": e["budget"], "rho": e["rho"], "papers_x_edge": e["papers_x_edge"],
+                   "cloud_compute_vs_cloud_only": e["cloud_compute_vs_cloud_only"]}
             for k in keys:
                 share = e[f"gap_closed_{k}"]
                 ent = {r: next((x[f"gap_closed_{k}"]["value"] for x in per_gate.get(r, []) if x["budget"] == e["budget"]),
@@ -145,7 +172,9 @@ def _targets(per_gate: dict, params: Params, keys: list[str]) -> dict:
                      for k, n in KEYS if k in keys]
             out["lines"].append(f"{name} at rho* {e['budget']} (rho {e['rho']:.3f}): " + "; ".join(parts)
                                 + f"; >= 80% of both gaps: {rec['closes_80']}; CI lower bound above entropy's "
-                                f"points: {all(rec[k]['ci_low_above_entropy'] for k in keys)}")
+                                f"points: {all(rec[k]['ci_low_above_entropy'] for k in keys)}; papers' hardware: "
+                                f"{_x(rec['papers_x_edge'])} x edge-only time (target <= 1.05), cloud compute "
+                                f"{_x(rec['cloud_compute_vs_cloud_only'])} x cloud-only's (target <= 0.15)")
     return out
 
 
