@@ -1,5 +1,7 @@
-"""DVC stage `gate_eval`: every gate at every budget on the test clips, as a Prefect flow; one
-MLflow run per (gate, budget, language) under one parent; Pareto table and plot in reports/gates/."""
+"""DVC stage `gate_eval`: the oracle, the entropy baselines and the chosen token gates at every
+budget on the test clips, as a Prefect flow; one MLflow run per (gate, budget, language) under
+one parent; table with intervals and Pareto plot in reports/gates/. Edge-only and cloud-only come
+from the decode stage's summary when it holds the same clips (else they are captioned here)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ from prefect import flow
 
 from flows.sweep_runner import run_sweep
 from speccap.config import load_params, materialize
-from speccap.pipeline.gate_report import OUT, build_gate_report, gate_configs
+from speccap.pipeline.gate_report import OUT, build_gate_report, decode_references, gate_configs
 from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.sweep import eval_clips
+
+
+DECODE_SUMMARY = Path("reports/decode_summary.json")
 
 
 @flow(name="speccap-gate-eval")
@@ -24,8 +29,12 @@ def gate_eval_flow(params_path: str | None = None, overrides: dict | None = None
     configs, tags = gate_configs(params, gates_json)
     n = params.gates.eval_clips
     clips = {lang: eval_clips(params, lang)[: n or None] for lang in params.data.languages}
+    reused = decode_references(DECODE_SUMMARY, clips)
+    have = {(r["method"], r["language"]) for r in reused}
+    configs = [c for c in configs if (c.method, c.language) not in have]
     summary = run_sweep(params, params_path, "gate_eval", configs, clips, str(Path("reports/gate_runs")),
                         extra_fp=gates_json["gates_key"], run_tags=lambda c: tags.get(c, {}))
+    summary["configs"] += reused
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     result = build_gate_report(params, summary, OUT)

@@ -81,6 +81,13 @@ def render() -> str:
                       + ("met" if bench["dvc_repro_seconds"] <= TARGETS["repro_s"] else "NOT met")
                       + f"; a no-op `dvc repro` {bench['noop_dvc_repro_seconds']:.1f} s")
     out.append("\nThe testbed issue's targets, as measured:\n\n" + "\n".join(f"- {c}" for c in checks) + "\n")
+    gates = _load("reports/gates/gates.json")
+    if gates and gates.get("languages"):
+        lines = [f"{lang}: {line}" for lang, r in gates["languages"].items() for line in r["targets"]["lines"]]
+        out.append("\nToken gates at budgets rho* <= 0.1 (`reports/gates/gates.md`, all test clips, 95% CIs; the "
+                   "gates issue's targets: >= 80% of both gaps, CI lower bound above entropy's point estimates, "
+                   "<= 1.05x edge-only time and <= 15% of cloud-only's cloud compute on the papers' hardware):\n\n"
+                   + "\n".join(f"- {x}" for x in lines) + "\n")
     return "".join(out)
 
 

@@ -187,6 +187,7 @@ class GatesParams:
     eval_clips: int = 0  # test clips per language for the gate evaluation (0 = all)
     registry_name: str = "speccap-gate"
     promote_budget: float = 0.1  # the budget the champion is chosen at (quality on validation)
+    promote_clips: int = 50  # validation clips per language the candidates are decoded on (0 = all traced)
 
 
 @dataclass(frozen=True)
@@ -541,7 +542,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "report": ("decode", "link", "data.languages"),
     "traces": ("seed", "gates.traces", "decode.rank", "models.max_new_tokens", "data.languages"),
     "gates": ("seed", "gates.kinds", "gates.targets", "gates.baselines", "gates.budgets", "gates.registry_name",
-              "tracking.experiment"),
+              "gates.verify", "gates.promote_budget", "gates.traces.block_len", "tracking.experiment"),
     # gates are evaluated at the block length their thresholds were calibrated on (gates.traces.block_len),
     # so a change of decode.block_len leaves them alone
     "gate_eval": ("seed", "gates", *_GATE_DECODE, "link", "sweep.workers", "sweep.threads", "models.max_new_tokens",

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 from ..config import Params, gate_decode
+from ..decoding.gates import VERIFY
 from ..metrics.bootstrap import ClipStats, gap_closed, interval
 from .gates import BLOCK_SUFFIX
 from .markdown import md_table
@@ -60,7 +61,31 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
                 cfg = RunConfig("ugsd", lang, name, float(thr), 0, token=g.verify, **base)
                 tags[cfg] = {"gate_name": name, "budget": b}
                 configs.append(cfg)
+        # the other verification variant, for the critical gate at the promote budget: what the
+        # pending tokens add (same threshold, so it flags the same tokens and sends more)
+        other = next(v for v in VERIFY if v != g.verify)
+        name = gates_json["chosen"].get("critical")
+        if name and str(g.promote_budget) in gates_json["gates"][name]["thresholds"]:
+            thr = gates_json["gates"][name]["thresholds"][str(g.promote_budget)][lang]
+            cfg = RunConfig("ugsd", lang, name, float(thr), 0, token=other, **base)
+            tags[cfg] = {"gate_name": f"{name} ({other})", "budget": g.promote_budget}
+            configs.append(cfg)
     return configs, tags
+
+
+def decode_references(summary_path: Path, clips: dict[str, list[dict]]) -> list[dict]:
+    """Edge-only and cloud-only rows of the decode stage's summary that hold exactly these clips:
+    the gate evaluation reuses them instead of captioning the same clips again (they do not depend
+    on any gate)."""
+    if not summary_path.exists():
+        return []
+    rows = json.loads(summary_path.read_text()).get("configs", [])
+    out = []
+    for r in rows:
+        if r.get("method") in ("edge", "cloud") and r.get("status") == "FINISHED" and r.get("clip_stats") \
+                and r["clip_stats"]["ids"] == [c["id"] for c in clips.get(r["language"], [])]:
+            out.append(r)
+    return out
 
 
 def _stats(c: dict) -> ClipStats:
@@ -150,7 +175,7 @@ def _targets(per_gate: dict, params: Params, keys: list[str]) -> dict:
     out = {"gates": {}, "lines": []}
     rules = [r for b in params.gates.baselines for r in (b, b + BLOCK_SUFFIX)]
     for name, entries in per_gate.items():
-        if name == ORACLE or name in rules:
+        if name == ORACLE or name in rules or name.endswith(")"):  # the other verification variant: shown, not a target
             continue
         for e in entries:
             if e["budget"] is None or e["budget"] > 0.1 + 1e-9:

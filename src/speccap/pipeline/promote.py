@@ -20,7 +20,8 @@ from ..metrics.caption import score_captions
 
 
 def validation_clips(params: Params) -> dict[str, list[dict]]:
-    n = params.gates.traces.val_clips
+    traced, asked = params.gates.traces.val_clips, params.gates.promote_clips  # 0 = all
+    n = min(traced, asked) if traced and asked else traced or asked
     return {lang: read_manifest(manifest_path(params.data.processed_dir, "val", lang))[: n or None]
             for lang in params.data.languages}
 
