@@ -55,7 +55,9 @@ def main() -> None:
     repo = Path(__file__).resolve().parents[1]
     tmp = None if args.keep else tempfile.mkdtemp(prefix="speccap-bench-")
     clone = args.keep or Path(tmp) / "speccap"
+    # the clone's own code (not an editable install's checkout, which may change meanwhile); numba cold
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(clone / "src"), os.environ.get("PYTHONPATH")])),
                NUMBA_CACHE_DIR=str(clone / ".cold-numba-cache"))  # cold, like a new machine
     env.pop("MLFLOW_TRACKING_URI", None)
     try:

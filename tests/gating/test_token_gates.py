@@ -32,6 +32,10 @@ def test_each_classifier_learns_from_the_hidden_state(kind):
     # deterministic for a seed
     again = fit_token_gate(x, labels, kind, "critical", DIM, EOS)
     np.testing.assert_allclose(again.token_scores(xv), model.token_scores(xv), rtol=1e-6)
+    # the fast path equals the fitted classifier's own prediction, one row or many
+    inputs = xv if kind == "lightgbm" else model._inputs(xv)
+    np.testing.assert_allclose(model.token_scores(xv), model.clf.predict_proba(inputs)[:, 1], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(model.token_scores(xv[:1]), model.token_scores(xv)[:1], rtol=1e-5)
 
 
 def test_one_class_traces_are_a_clear_error():
