@@ -40,8 +40,9 @@ def clips():
 
 
 def settings(gate="always", rule="greedy", policy=None, **kw) -> SpecSettings:
-    return SpecSettings(gate=make_gate(gate, kw.pop("threshold", None)), rule=make_rule(rule, kw.pop("rank", 3),
-                                                                                         kw.get("temperature") or 1.0),
+    level, verify = kw.pop("level", "block"), kw.pop("verify", "alone")
+    return SpecSettings(gate=make_gate(gate, kw.pop("threshold", None), level, verify),
+                        rule=make_rule(rule, kw.pop("rank", 3), kw.get("temperature") or 1.0),
                         policy=policy or Fixed(3), max_new_tokens=kw.pop("max_new_tokens", MAX), **kw)
 
 

@@ -17,10 +17,13 @@ CASES = [
     dict(gate="entropy", threshold=4.105, rule="greedy", policy=Fixed(2)),
     dict(gate="always", rule="spec_sampling", temperature=1.0, policy=Fixed(4), seed=5),
     dict(gate="always", rule="qs", temperature=1.0, policy=Fixed(4), seed=6),
+    # token level: each flagged token verified as it is drafted, alone or with the pending ones
+    dict(gate="entropy", threshold=4.105, rule="rank", rank=2, level="token", verify="alone"),
+    dict(gate="entropy", threshold=4.105, rule="greedy", level="token", verify="pending"),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['gate']}-{c['rule']}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['gate']}-{c['rule']}-{c.get('verify', 'block')}")
 def test_networked_captions_equal_in_process(pair, clips, serve, client_for, case):
     edge, cloud = pair
     client = client_for(serve())
