@@ -17,6 +17,9 @@ from speccap.config import load_params, materialize
 from speccap.pipeline.sweep import build_configs, eval_clips
 
 SUMMARY = Path("reports/decode_summary.json")
+# edge-only and cloud-only alone: the gate evaluation reads these, and they change only when those
+# two configurations do (not on a change of L or of a gate, which re-runs this stage)
+REFERENCES = Path("reports/references.json")
 
 
 @flow(name="speccap-decode")
@@ -29,6 +32,8 @@ def decode_flow(params_path: str | None = None, overrides: dict | None = None) -
     summary = run_sweep(params, params_path, "decode", configs, clips, params.sweep.runs_dir)
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+    refs = [{k: v for k, v in c.items() if k != "worker"} for c in summary["configs"] if c["method"] in ("edge", "cloud")]
+    REFERENCES.write_text(json.dumps({"configs": refs}, indent=1, ensure_ascii=False))
     failed = [c["name"] for c in summary["configs"] if c["status"] == "FAILED"]
     return {"configs": len(configs), "failed": failed}
 

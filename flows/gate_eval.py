@@ -1,7 +1,8 @@
 """DVC stage `gate_eval`: the oracle, the entropy baselines and the chosen token gates at every
 budget on the test clips, as a Prefect flow; one MLflow run per (gate, budget, language) under
 one parent; table with intervals and Pareto plot in reports/gates/. Edge-only and cloud-only come
-from the decode stage's summary when it holds the same clips (else they are captioned here)."""
+from the decode stage (reports/references.json) when it holds the same clips (else they are
+captioned here)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.sweep import eval_clips
 
 
-DECODE_SUMMARY = Path("reports/decode_summary.json")
+REFERENCES = Path("reports/references.json")  # the decode stage's edge-only and cloud-only rows
 
 
 @flow(name="speccap-gate-eval")
@@ -29,7 +30,7 @@ def gate_eval_flow(params_path: str | None = None, overrides: dict | None = None
     configs, tags = gate_configs(params, gates_json)
     n = params.gates.eval_clips
     clips = {lang: eval_clips(params, lang)[: n or None] for lang in params.data.languages}
-    reused = decode_references(DECODE_SUMMARY, clips)
+    reused = decode_references(REFERENCES, clips)
     have = {(r["method"], r["language"]) for r in reused}
     configs = [c for c in configs if (c.method, c.language) not in have]
     summary = run_sweep(params, params_path, "gate_eval", configs, clips, str(Path("reports/gate_runs")),

@@ -36,6 +36,14 @@ def test_config_key_changes_with_what_the_records_depend_on():
     assert k != config_key(c, p, "fp2", ["a", "b"]) != config_key(c, p, "fp", ["a"])
     assert k != config_key(c, params_from_dict({"link": {"rtt_ms": 5.0}}), "fp", ["a", "b"])
     assert k == config_key(c, params_from_dict({}), "fp", ["a", "b"])
+    # edge-only and cloud-only do not depend on the gate or L: a change of those keeps their records
+    other_l = params_from_dict({"decode": {"block_len": 7}})
+    assert k != config_key(c, other_l, "fp", ["a", "b"])
+    for method in ("edge", "cloud"):
+        ref = RunConfig(method, "en")
+        assert config_key(ref, p, "fp", ["a"]) == config_key(ref, other_l, "fp", ["a"])
+        assert config_key(ref, p, "fp", ["a"]) != config_key(ref, params_from_dict({"decode": {"temperature": 0.7}}),
+                                                            "fp", ["a"])
 
 
 def test_records_are_written_as_they_come_and_a_rerun_resumes(tiny_project, tmp_path):

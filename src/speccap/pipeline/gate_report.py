@@ -78,7 +78,8 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
 
 
 def decode_references(summary_path: Path, clips: dict[str, list[dict]]) -> list[dict]:
-    """Edge-only and cloud-only rows of the decode stage's summary that hold exactly these clips:
+    """Edge-only and cloud-only rows of the decode stage (reports/references.json, or any summary
+    with a "configs" list) that hold exactly these clips:
     the gate evaluation reuses them instead of captioning the same clips again (they do not depend
     on any gate)."""
     if not summary_path.exists():

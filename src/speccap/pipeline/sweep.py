@@ -139,7 +139,10 @@ def wisv_fingerprint(params: Params) -> str:
 
 
 def config_key(cfg: RunConfig, params: Params, models_fp: str, clip_ids: list[str]) -> str:
-    items = [cfg.to_dict(), dataclasses.asdict(params.decode), dataclasses.asdict(link_config(params, cfg)),
+    decode = dataclasses.asdict(params.decode)
+    if cfg.method in ("edge", "cloud"):  # no gate, L, rule or loop: their records survive a change of those
+        decode = {k: decode[k] for k in ("temperature", "edge_time_scale", "cloud_time_scale")}
+    items = [cfg.to_dict(), decode, dataclasses.asdict(link_config(params, cfg)),
              params.models.max_new_tokens, params.seed, models_fp, clip_ids]
     if cfg.rule == "wisv":  # appended only here, so the keys of every other configuration stay as they were
         items += [params.wisv.protocol, params.wisv.tau, wisv_fingerprint(params)]
