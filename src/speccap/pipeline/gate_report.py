@@ -203,13 +203,15 @@ def _targets(per_gate: dict, params: Params, keys: list[str]) -> dict:
                           "ci_low_above_entropy": all(v is None or share["ci_low"] > v for v in ent.values()),
                           "oracle": None if oracle is None else oracle[f"gap_closed_{k}"]["value"]}
             rec["closes_80"] = all(rec[k]["share"]["value"] >= 80 for k in keys)
+            rec["within_10"] = e["rho"] <= 0.10 + 1e-9  # what the gate really sent, not the budget it aimed at
             out["gates"].setdefault(name, []).append(rec)
             parts = [f"{n} {format_ci(rec[k]['share'])}% (entropy per token / per block "
                      + " / ".join("–" if v is None else f"{v:.0f}" for v in rec[k]["entropy_point"].values())
                      + ("" if rec[k]["oracle"] is None else f"; oracle {rec[k]['oracle']:.0f}") + ")"
                      for k, n in KEYS if k in keys]
             out["lines"].append(f"{name} at rho* {e['budget']} (rho {e['rho']:.3f}): " + "; ".join(parts)
-                                + f"; >= 80% of both gaps: {rec['closes_80']}; CI lower bound above entropy's "
+                                + f"; >= 80% of both gaps: {rec['closes_80']}; rho <= 0.10: {rec['within_10']}; "
+                                f"CI lower bound above entropy's "
                                 f"points: {all(rec[k]['ci_low_above_entropy'] for k in keys)}; papers' hardware: "
                                 f"{_x(rec['papers_x_edge'])} x edge-only time (target <= 1.05), cloud compute "
                                 f"{_x(rec['cloud_compute_vs_cloud_only'])} x cloud-only's (target <= 0.15)")
