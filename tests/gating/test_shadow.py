@@ -10,7 +10,8 @@ from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.verify import cloud_rank, make_rule
 from speccap.gating.features import token_columns, token_rows
-from speccap.gating.shadow import ShadowSettings, quality_parts, shadow_caption
+from speccap.gating.shadow import ShadowSettings, shadow_caption
+from speccap.gating.traces import quality_parts
 
 from ..decoding.test_engine import audio, pair  # noqa: F401 - fixtures
 

@@ -96,7 +96,8 @@ def threshold_for_budget(blocks: pd.DataFrame, rho: float) -> float:
 
 
 def rule_token_scores(traces: pd.DataFrame, gate: str) -> np.ndarray:
-    """Token scores of the rule gates, on the scale of their thresholds (block score = max)."""
+    """Token scores of the rule gates, on the scale of their thresholds (block score = max), from
+    a table with the columns entropy / margin / logprob (block or token traces)."""
     if gate == "entropy":
         return traces["entropy"].to_numpy(float)
     if gate == "margin":
@@ -123,9 +124,6 @@ class LearnedGate(ScoreGate):
     def score(self, block: Block) -> float:
         return float(self.model.token_scores(block_features(block)).max())
 
-    def escalate(self, block: Block) -> bool:
-        return len(block) > 0 and self.score(block) > self.threshold_for(block.language)
-
     def describe(self) -> dict:
-        return {"gate": self.name, "threshold": self.thresholds or self.threshold, "kind": self.model.kind,
+        return {**super().describe(), "threshold": self.thresholds or self.threshold, "kind": self.model.kind,
                 "target": self.model.target}

@@ -26,10 +26,9 @@ import numpy as np
 
 from ..decoding.stats import Block, audio_summary, token_stats
 from ..decoding.verify import cloud_rank
-from ..metrics.caption import score_captions
 from ..models.base import AudioLM
 from .features import token_rows
-from .traces import finish
+from .traces import finish, quality_parts
 
 
 @dataclass(frozen=True)
@@ -37,14 +36,6 @@ class ShadowSettings:
     rank: int = 2  # R: a mismatch is a token the rank rule would replace
     critical_margin: float = 1.0  # quality points (x100) a correction must gain to be critical
     max_new_tokens: int = 128
-
-
-def quality_parts(captions: list[str], references: list[str], language: str,
-                  emotion: str | None) -> list[tuple[float, float]]:
-    """Per caption: (mean of BLEU-1, METEOR and ROUGE-L x100, emotion hit 0/1; 0 without a label)."""
-    s = score_captions(captions, [references] * len(captions), language,
-                       None if emotion is None else [emotion] * len(captions))
-    return [((r["bleu1"] + r["meteor"] + r["rouge_l"]) / 3, float(r.get("emotion_hit", 0.0))) for r in s.per_caption]
 
 
 def impact(fix: tuple[float, float], keep: tuple[float, float], with_emotion: bool) -> float:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..decoding.gates import ScoreGate
 from ..decoding.stats import Block
 from .features import TOKEN_SCALARS, token_columns, token_rows
+from .learned import LearnedGate, threshold_for_budget
 
 TOKEN_KINDS = ("logistic", "lightgbm", "mlp")
 TOKEN_TARGETS = ("critical", "mismatch")
@@ -34,7 +34,6 @@ class _MLP:
 
     def __init__(self, hidden: int = 64, epochs: int = 60, lr: float = 3e-3, seed: int = 0):
         self.hidden, self.epochs, self.lr, self.seed = hidden, epochs, lr, seed
-        self.state = None
 
     def _net(self, d: int):
         import torch
@@ -162,40 +161,24 @@ def fit_token_gate(x: np.ndarray, labels: pd.DataFrame, kind: str, target: str, 
 
 
 def threshold_for_share(scores: np.ndarray, rho: float) -> float:
-    """The threshold above which `rho` of the tokens score (the budget's share of flags)."""
-    if not 0 < rho <= 1:
-        raise ValueError(f"budget rho* must be in (0, 1], got {rho}")
-    s = np.sort(np.asarray(scores, dtype=float))[::-1]
-    k = int(round(rho * len(s)))
-    if k <= 0:
-        return float(s[0])
-    if k >= len(s):
-        return float(s[-1]) - 1e-9
-    return float((s[k - 1] + s[k]) / 2)
+    """The threshold above which `rho` of the tokens score (the budget's share of flags): the block
+    rule of gating.learned with every token a block of its own."""
+    return threshold_for_budget(pd.DataFrame({"score": np.asarray(scores, dtype=float), "size": 1}), rho)
 
 
-class LearnedTokenGate(ScoreGate):
-    """Verify a token at once when its score is above its language's threshold."""
+class LearnedTokenGate(LearnedGate):
+    """Verify a token at once when its score is above its language's threshold (the thresholds
+    and their description as for the block gates)."""
 
     needs_hidden = True
 
     def __init__(self, model: TokenGateModel, threshold: float | dict, name: str | None = None,
                  verify: str = "alone"):
-        self.thresholds = dict(threshold) if isinstance(threshold, dict) else {}
-        super().__init__(float(threshold) if not self.thresholds else max(self.thresholds.values()))
-        self.model = model
-        self.name = name or f"tok-{model.kind}-{model.target}"
+        super().__init__(model, threshold, name or f"tok-{model.kind}-{model.target}")
         self.at_token_level(verify)
-
-    def threshold_for(self, language: str) -> float:
-        return self.thresholds.get(language, self.threshold)
 
     def score(self, block: Block) -> float:
         return float(self.model.token_scores(token_rows(block, self.model.dim, self.model.eos)).max())
 
     def token_score(self, block: Block, i: int) -> float:
         return float(self.model.token_scores(token_rows(block, self.model.dim, self.model.eos, first=i)[:1])[0])
-
-    def describe(self) -> dict:
-        return {**super().describe(), "threshold": self.thresholds or self.threshold, "kind": self.model.kind,
-                "target": self.model.target}

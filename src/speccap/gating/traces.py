@@ -41,10 +41,18 @@ class TraceSettings:
     hidden: bool = False
 
 
+def quality_parts(captions: list[str], references: list[str], language: str,
+                  emotion: str | None = None) -> list[tuple[float, float]]:
+    """Per caption: (mean of sentence BLEU-1, METEOR and ROUGE-L x100, emotion hit 0/1; 0 without a
+    label)."""
+    s = score_captions(captions, [references] * len(captions), language,
+                       None if emotion is None else [emotion] * len(captions))
+    return [((r["bleu1"] + r["meteor"] + r["rouge_l"]) / 3, float(r.get("emotion_hit", 0.0))) for r in s.per_caption]
+
+
 def quality(caption: str, references: list[str], language: str) -> float:
     """Mean of sentence BLEU-1, METEOR and ROUGE-L (x100) of one caption."""
-    rec = score_captions([caption], [references], language).per_caption[0]
-    return (rec["bleu1"] + rec["meteor"] + rec["rouge_l"]) / 3
+    return quality_parts([caption], references, language)[0][0]
 
 
 def finish(lm: AudioLM, mel: np.ndarray, language: str, prefix: list[int], max_new_tokens: int) -> list[int]:

@@ -22,7 +22,7 @@ import pandas as pd
 
 from ..config import Params
 from ..gating.features import TOKEN_SCALARS
-from ..gating.learned import LearnedGate, threshold_for_budget
+from ..gating.learned import LearnedGate, rule_token_scores, threshold_for_budget
 from ..gating.token_gates import LearnedTokenGate, TokenGateModel, fit_token_gate, threshold_for_share
 from .traces import features_of
 
@@ -99,7 +99,11 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
     curves = {}
     for name in learned_names(params):
         _, kind, target = name.split("-", 2)
-        model = fit_token_gate(x_train, train, kind, target, dim, eos, params.seed)
+        try:
+            model = fit_token_gate(x_train, train, kind, target, dim, eos, params.seed)
+        except ValueError as exc:  # say where the traces are and what would give more of them
+            raise ValueError(f"data/traces/train.parquet cannot train gate {name}: {exc} (trace more clips: "
+                             "params gates.traces.train_clips, then dvc repro traces)") from exc
         s = model.token_scores(x_val)
         thresholds = _thresholds(val, s, g.budgets)
         pred, frac = calibration_curve(y[target], s, n_bins=8, strategy="quantile")
@@ -118,7 +122,7 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
         named = [n for n in learned_names(params) if n.endswith(f"-{target}")]
         result["chosen"][target] = max(named, key=lambda n: result["gates"][n][f"auc_{target}"] or 0.0)
     for rule in g.baselines:
-        s = _rule_scores(val, x_val, rule)
+        s = rule_token_scores(pd.DataFrame(x_val[:, :len(TOKEN_SCALARS)], columns=TOKEN_SCALARS), rule)
         result["gates"][rule] = {"kind": "rule", "target": "-", "level": "token",
                                  "thresholds": _rule_units(rule, _thresholds(val, s, g.budgets)),
                                  "auc_mismatch": roc_auc(y["mismatch"], s), "auc_critical": roc_auc(y["critical"], s)}
@@ -128,13 +132,6 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
     calibration_plot(curves, out / "calibration.png")
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     return result
-
-
-def _rule_scores(traces: pd.DataFrame, x: np.ndarray, rule: str) -> np.ndarray:
-    """A rule gate's token scores on its threshold's scale (higher = more doubtful)."""
-    col = {"entropy": "entropy", "margin": "margin", "logprob": "logprob"}[rule]
-    v = x[:, TOKEN_SCALARS.index(col)].astype(float)
-    return v if rule == "entropy" else -v
 
 
 def _rule_units(rule: str, thresholds: dict) -> dict:
