@@ -76,3 +76,22 @@ def test_corpus_audio_does_not_depend_on_order_or_process(tmp_path):
     differ = [p.clip_id for p in plans if (tmp_path / "a" / f"{p.clip_id}.wav").read_bytes()
               != (tmp_path / "b" / f"{p.clip_id}.wav").read_bytes()]
     assert differ == []
+
+
+def test_a_clip_renderer_that_fails_or_dies_is_a_clear_error(tmp_path, monkeypatch):
+    # the whole clip renders in one forked child: its error comes back with the clip's name, and a
+    # child killed mid-clip is an error too, never a silent or half-written WAV
+    import os
+
+    import pytest
+
+    from speccap.data import synthetic
+    from speccap.data.tts import TTSError
+    plan = plan_corpus(5, {"train": 1, "val": 0, "test": 0})[0]
+    monkeypatch.setattr(synthetic, "render", lambda *a: (_ for _ in ()).throw(ValueError("bad cue")))
+    with pytest.raises(TTSError, match=f"rendering clip {plan.clip_id}: ValueError\\('bad cue'\\)"):
+        make_clip(plan, tmp_path, 1)
+    monkeypatch.setattr(synthetic, "render", lambda *a: os.kill(os.getpid(), 9))
+    with pytest.raises(TTSError, match=f"rendering clip {plan.clip_id} died"):
+        make_clip(plan, tmp_path, 1)
+    assert list(tmp_path.iterdir()) == []

@@ -53,7 +53,7 @@ def prepare_synthetic(params: Params, progress: bool = True) -> dict:
     workers = max(1, min(syn.workers, len(todo)))
     bar = tqdm(total=len(plans), initial=len(plans) - len(todo), desc="render corpus", unit="clip",
                disable=not progress)
-    # Always in spawned workers: rendering forks per utterance, which is only safe in a process
+    # Always in spawned workers: rendering forks once per clip, which is only safe in a process
     # without other threads (this one may be running Prefect's).
     for rec in fan_out(work, todo, workers, stage="prepare", key=lambda p: f"clip {p.clip_id}"):
         append_jsonl(journal, rec)

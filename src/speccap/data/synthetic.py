@@ -3,8 +3,8 @@
 Every clip is a pure function of (seed, spoken language, split, index): its own random stream
 picks emotion, speaker, sentence and cue values, renders the speech and writes the references.
 So the corpus is deterministic, renders in parallel in any order, and a rerun skips clips whose
-WAV is already on disk. Rendering forks (POSIX only); call it from single-threaded worker
-processes, as `prepare` does.
+WAV is already on disk. Rendering forks once per clip (POSIX only); call it from single-threaded
+worker processes, as `prepare` does.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .audio_io import TARGET_SR, write_wav
 from .captions import Cues, write_references
 from .emotions import EMOTIONS, PROFILES
 from .sentences import SENTENCES
-from .tts import Prosody, Speaker
+from .tts import Prosody, Speaker, in_pristine_child
 
 SPLITS = ("train", "val", "test")
 SPEECH_LANGUAGES = ("en", "zh")
@@ -140,9 +140,11 @@ def render(c: Cues, speaker: Speaker, rng: np.random.Generator) -> np.ndarray:
 
 def render_to_file(c: Cues, rng_key: list[int], path: Path) -> float:
     """Render the clip and write its WAV; returns its seconds. A pure function of the cues and the
-    seed, whatever order or worker renders it (tts.Speaker renders each utterance from a pristine
-    eSpeak state with a fixed noise seed)."""
-    write_wav(path, render(c, Speaker(), np.random.default_rng(rng_key)))
+    seed, whatever order or worker renders it: the whole clip is rendered in one child forked
+    from a process that never synthesized, with eSpeak's noise seed fixed (see tts)."""
+    body = in_pristine_child(lambda: render(c, Speaker(fork=False), np.random.default_rng(rng_key)).tobytes(),
+                             f"rendering clip {path.stem}")
+    write_wav(path, np.frombuffer(body, dtype=np.float32))
     return sf.info(str(path)).duration
 
 

@@ -8,9 +8,11 @@ Determinism. eSpeak NG's output depends on more than its input: its noise genera
 seed, and the synthesizer carries state from one utterance into the next (the same text twice in
 a row gives two waveforms, a few samples apart in length), so a clip's audio depended on which
 clips its worker had rendered before it, and two clean runs of `prepare` differed. Re-initializing
-the library does not reset that state. So `say` renders each utterance in a child forked from a
-process that has never synthesized, with the noise seed fixed: the same (text, voice, prosody)
-gives the same samples in any order, in any process.
+the library does not reset that state. So speech is rendered in a child forked from a process
+that has never synthesized (`in_pristine_child`), with the noise seed fixed: by default each
+`say` is its own child; the corpus renders a whole clip in one child (a third of the forks), so a
+clip's utterances follow each other from the same pristine start. Either way the same input gives
+the same samples in any order, in any process.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,8 +68,9 @@ def _engine() -> tuple[ctypes.CDLL, int]:
 class Speaker:
     """Synthesises text with a named eSpeak voice (e.g. 'en+f3', 'cmn+m1') at chosen prosody."""
 
-    def __init__(self):
+    def __init__(self, fork: bool = True):
         self._lib, self.sample_rate = _engine()
+        self._fork = fork
         self._chunks: list[np.ndarray] = []
 
         def _collect(wav, n, _events):
@@ -77,33 +81,14 @@ class Speaker:
         self._callback = _CALLBACK(_collect)  # keep a reference: the C side holds only a pointer
 
     def say(self, text: str, voice: str, prosody: Prosody, seed: int = 0) -> np.ndarray:
-        """Return float32 samples in [-1, 1] at `self.sample_rate`, rendered in a forked child (see
-        the module's docstring); `seed` fixes eSpeak's noise generator."""
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: render, send "ok" + samples or "er" + the message, and leave at once
-            code = 0
-            try:
-                os.close(read_end)
-                try:
-                    body = b"ok" + self._render(text, voice, prosody, seed).tobytes()
-                except TTSError as exc:
-                    body = b"er" + str(exc).encode()
-                with os.fdopen(write_end, "wb") as fh:
-                    fh.write(body)
-            except BaseException:  # noqa: BLE001 - a child never returns into the caller's code
-                code = 1
-            os._exit(code)
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as fh:
-            body = fh.read()
-        _, status = os.waitpid(pid, 0)
-        if body[:2] == b"er":
-            raise TTSError(body[2:].decode(errors="replace"))
-        if body[:2] != b"ok" or status != 0:
-            raise TTSError(f"the eSpeak NG process rendering {text!r} with voice {voice!r} died "
-                           f"(wait status {status})")
-        return np.frombuffer(body[2:], dtype=np.float32).copy()
+        """Return float32 samples in [-1, 1] at `self.sample_rate`; `seed` fixes eSpeak's noise
+        generator. A forking Speaker renders in a pristine child (see the module's docstring); one
+        made with `fork=False` renders here, for code already running in such a child."""
+        if not self._fork:
+            return self._render(text, voice, prosody, seed)
+        body = in_pristine_child(lambda: self._render(text, voice, prosody, seed).tobytes(),
+                                 f"rendering {text!r} with voice {voice!r}")
+        return np.frombuffer(body, dtype=np.float32).copy()
 
     def _render(self, text: str, voice: str, prosody: Prosody, seed: int) -> np.ndarray:
         self._lib.espeak_SetSynthCallback(self._callback)
@@ -120,3 +105,34 @@ class Speaker:
         if err != 0 or not self._chunks:
             raise TTSError(f"eSpeak failed to synthesise {text!r} with voice {voice!r} (error {err})")
         return np.concatenate(self._chunks).astype(np.float32) / 32768.0
+
+
+def in_pristine_child(work: Callable[[], bytes], what: str) -> bytes:
+    """Run `work` in a child forked from this process and return the bytes it made. Call it from a
+    process that has never synthesized, so every child starts from the same eSpeak state. A
+    `TTSError` or any other exception in the child is raised here with its message; a child that
+    dies (a signal, the OOM killer) is a TTSError naming `what` it was doing."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: send "ok" + the bytes or "er" + the message, and leave at once
+        code = 0
+        try:
+            os.close(read_end)
+            try:
+                body = b"ok" + work()
+            except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+                body = b"er" + (str(exc) if isinstance(exc, TTSError) else f"{what}: {exc!r}").encode()
+            with os.fdopen(write_end, "wb") as fh:
+                fh.write(body)
+        except BaseException:  # noqa: BLE001 - a child never returns into the caller's code
+            code = 1
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as fh:
+        body = fh.read()
+    _, status = os.waitpid(pid, 0)
+    if body[:2] == b"er":
+        raise TTSError(body[2:].decode(errors="replace"))
+    if body[:2] != b"ok" or status != 0:
+        raise TTSError(f"the eSpeak NG process {what} died (wait status {status})")
+    return body[2:]
