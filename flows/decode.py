@@ -14,7 +14,7 @@ from prefect import flow
 
 from flows.sweep_runner import run_sweep
 from speccap.config import load_params, materialize
-from speccap.pipeline.sweep import build_configs, eval_clips
+from speccap.pipeline.sweep import build_configs, sweep_clips
 
 SUMMARY = Path("reports/decode_summary.json")
 # edge-only and cloud-only alone: the gate evaluation reads these, and they change only when those
@@ -28,8 +28,7 @@ def decode_flow(params_path: str | None = None, overrides: dict | None = None) -
     params_path = materialize(params_path, overrides)
     params = load_params(params_path)
     configs = build_configs(params)
-    clips = {lang: eval_clips(params, lang) for lang in params.data.languages}
-    summary = run_sweep(params, params_path, "decode", configs, clips, params.sweep.runs_dir)
+    summary = run_sweep(params, params_path, "decode", configs, sweep_clips(params), params.sweep.runs_dir)
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     refs = [{k: v for k, v in c.items() if k != "worker"} for c in summary["configs"] if c["method"] in ("edge", "cloud")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -30,12 +31,15 @@ def sweep_config(cfg: RunConfig, key: str, clips: list[dict], runs_dir: str) -> 
 
 
 def run_sweep(params: Params, params_path: str | None, stage: str, configs: list[RunConfig],
-              clips: dict[str, list[dict]], runs_dir: str, extra_fp: str = "", run_tags=None) -> dict:
-    """Run `configs` (clips per language); returns {sweep_key, models, tracking_uri, configs: [...]}.
-    `run_tags(cfg)` adds params to a configuration's MLflow run (e.g. the budget of a gate)."""
+              clips: dict[str, list[dict]] | Callable[[RunConfig], list[dict]], runs_dir: str, extra_fp: str = "",
+              run_tags=None) -> dict:
+    """Run `configs` on their clips (per language, or `clips(cfg)` per configuration); returns
+    {sweep_key, models, tracking_uri, configs: [...]}. `run_tags(cfg)` adds params to a
+    configuration's MLflow run (e.g. the budget of a gate)."""
     log = get_run_logger()
     fp = models_fingerprint(params) + extra_fp
-    keys = {c: config_key(c, params, fp, [x["id"] for x in clips[c.language]]) for c in configs}
+    clips_of = {c: (clips(c) if callable(clips) else clips[c.language]) for c in configs}
+    keys = {c: config_key(c, params, fp, [x["id"] for x in clips_of[c]]) for c in configs}
     sweep_key = hashlib.sha256(json.dumps([stage] + sorted(keys.values())).encode()).hexdigest()[:12]
     tracker = Tracker(params.tracking.uri, params.tracking.experiment)
     summary = {"sweep_key": sweep_key, "models": fp, "tracking_uri": tracker.uri, "configs": []}
@@ -45,7 +49,7 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
     on_dask = None
     if params.cluster.executor == "dask":  # every configuration at once on the cluster; logged below
         from flows.cluster import run_on_dask
-        on_dask = run_on_dask(params, params_path, [(c, keys[c], clips[c.language]) for c in configs], runs_dir)
+        on_dask = run_on_dask(params, params_path, [(c, keys[c], clips_of[c]) for c in configs], runs_dir)
         _POOL["pool"] = None
     else:
         _POOL["pool"] = Pool(params_path, params.sweep.workers, params.sweep.threads, stage=stage)
@@ -56,14 +60,14 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
             for cfg in tqdm(configs, desc=stage, unit="config"):
                 key = keys[cfg]
                 extra = run_tags(cfg) if run_tags else {}
-                row = {"config_id": key, "name": cfg.name, **cfg.to_dict(), **extra}
+                row = {"config_id": key, "name": cfg.name, **cfg.to_dict(), **extra, "clips": len(clips_of[cfg])}
                 link = link_config(params, cfg)
                 run_params = cfg.to_dict() | extra | {
                     "link": link.name, "rtt_ms": link.rtt_ms, "uplink_mbps": link.uplink_mbps,
-                    "clips": len(clips[cfg.language]), "max_new_tokens": params.models.max_new_tokens}
+                    "clips": len(clips_of[cfg]), "max_new_tokens": params.models.max_new_tokens}
                 try:
                     if on_dask is None:
-                        metrics = sweep_config(cfg, key, clips[cfg.language], runs_dir)
+                        metrics = sweep_config(cfg, key, clips_of[cfg], runs_dir)
                     elif isinstance(on_dask[key], dict):
                         metrics = on_dask[key]["metrics"]
                         row["worker"] = on_dask[key]["worker"]

@@ -198,6 +198,9 @@ class SweepParams:
         default_factory=lambda: {"entropy": (0.5, 1.0, 2.0), "margin": (0.1, 0.3, 0.5)})
     in_flight: tuple[int, ...] = ()  # pipelined runs at the default gate and L (blocks in flight, >= 1)
     clips: int = 0  # test clips per language; 0 = the whole test split
+    # the headline configurations (edge-only, cloud-only, UGSD at decode's settings) run on `clips`;
+    # the others (L, gate, pipelined and Q-S sweeps) on the first `detail_clips` of them (0 = the same)
+    detail_clips: int = 0
     workers: int = 2  # processes, each with the models loaded once
     threads: int = 1  # torch threads per worker
     runs_dir: str = "reports/runs"

@@ -18,6 +18,28 @@ def test_configs_cover_baselines_l_sweep_and_gates():
                                       "ugsd-en-margin0.3-L5-rank2"])
 
 
+def test_the_headline_three_run_on_all_clips_the_details_on_fewer(tiny_project):
+    import dataclasses
+
+    from speccap.pipeline.sweep import default_config, is_headline, sweep_clips
+    params = tiny_project[0]
+    params = dataclasses.replace(params, sweep=dataclasses.replace(params.sweep, detail_clips=2))
+    configs = build_configs(params)
+    clips_of = sweep_clips(params)
+    for lang in ("en", "zh"):
+        assert default_config(params, lang) in configs
+    sizes = {c.name: len(clips_of(c)) for c in configs}
+    headline = {c.name for c in configs if is_headline(c, params)}
+    assert headline == {f"{m}-{lang}" for m in ("edge", "cloud") for lang in ("en", "zh")} | {
+        "ugsd-en-entropy3-L2-rank2", "ugsd-zh-entropy3-L2-rank2"}
+    assert {sizes[n] for n in headline} == {3} and {sizes[n] for n in sizes if n not in headline} == {2}
+    # the detail clips are the first of the headline ones: what is left out is the tail
+    other = next(c for c in configs if not is_headline(c, params))
+    assert [x["id"] for x in clips_of(other)] == [x["id"] for x in eval_clips(params, other.language)][:2]
+    # 0 = every configuration on every clip, as before
+    assert {len(sweep_clips(tiny_project[0])(c)) for c in configs} == {3}
+
+
 def test_pipelined_configs_sit_next_to_the_blocking_one():
     p = params_from_dict({"sweep": {"block_lens": [3], "gates": {}, "in_flight": [1, 4]},
                           "decode": {"gate": "entropy", "threshold": 1.0, "block_len": 5}})

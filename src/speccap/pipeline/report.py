@@ -36,6 +36,24 @@ def _at_default_gate(c: dict, params: Params) -> bool:
             and (d.gate in ("never", "always") or abs((c["threshold"] or 0) - d.threshold) < 1e-9))
 
 
+def _with_ci(c: dict, key: str) -> str:
+    m = c["metrics"]
+    if m.get(key) is None:
+        return "–"
+    ci = f" [{m[key + '_ci_low']:.1f}, {m[key + '_ci_high']:.1f}]" if key + "_ci_low" in m else ""
+    return f"{m[key]:.1f}{ci}"
+
+
+def _clips_note(params: Params) -> str:
+    """Which clips the rows ran on, when the sweep's details run on fewer than its headline three."""
+    n = params.sweep.detail_clips
+    if not n:
+        return ""
+    return (f"Edge-only, cloud-only and UGSD at the default setting run on all test clips (`sweep.clips`); the other "
+            f"configurations on the first {n} of them (`sweep.detail_clips`), so their intervals are wider and their "
+            "point estimates are not paired with the headline three's.\n\n")
+
+
 def default_ugsd(configs: list[dict], params: Params, lang: str, in_flight: int | None = None) -> dict | None:
     """The UGSD configuration at the default gate, threshold and L (and loop: decode.in_flight)."""
     d = params.decode
@@ -91,26 +109,26 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
     # Table 5 style: what leaves the device
     d = params.decode
     ugsd = [c for c in ok if c["method"] == "ugsd" and c.get("in_flight", 0) == d.in_flight]
-    rows = [[c["language"], c["name"], c["metrics"].get("rho"), c["metrics"].get("bytes_up"),
+    rows = [[c["language"], c["name"], c.get("clips"), c["metrics"].get("rho"), c["metrics"].get("bytes_up"),
              c["metrics"].get("rounds"), c["metrics"].get("aal"), c["metrics"].get("bleu1")] for c in ugsd]
     for lang in langs:
         for m in ("edge", "cloud"):
             c = pick[(lang, m)]
             if c:
-                rows.append([lang, c["name"], 0.0 if m == "edge" else 1.0, c["metrics"].get("bytes_up", 0.0),
+                rows.append([lang, c["name"], c.get("clips"), 0.0 if m == "edge" else 1.0, c["metrics"].get("bytes_up", 0.0),
                              c["metrics"].get("rounds", 0.0), None, c["metrics"].get("bleu1")])
     (out / "tables" / "privacy.md").write_text(
         "# Token transmission rate (rho = transmitted / drafted) and uplink bytes per caption\n\n"
-        + _table(["lang", "config", "rho", "bytes up", "rounds", "AAL", "BLEU-1"], rows))
+        + _clips_note(params) + _table(["lang", "config", "clips", "rho", "bytes up", "rounds", "AAL", "BLEU-1"], rows))
 
     # L sweep at the default gate
     lsweep = sorted([c for c in ugsd if _at_default_gate(c, params)], key=lambda c: (c["language"], c["block_len"] or 999))
-    rows = [[c["language"], "adaptive" if c["block_len"] == 0 else c["block_len"]] +
-            [c["metrics"].get(k) for k in ("bleu1", "meteor", "rouge_l", "total_time", "rho", "aal", "rounds")]
+    rows = [[c["language"], "adaptive" if c["block_len"] == 0 else c["block_len"], c.get("clips"), _with_ci(c, "bleu1")] +
+            [c["metrics"].get(k) for k in ("meteor", "rouge_l", "total_time", "rho", "aal", "rounds")]
             for c in lsweep]
     (out / "tables" / "l_sweep.md").write_text(
-        f"# Draft length L (gate {d.gate} {d.threshold:g}, rule {d.rule})\n\n"
-        + _table(["lang", "L", "BLEU-1", "METEOR", "ROUGE-L", "total s", "rho", "AAL", "rounds"], rows))
+        f"# Draft length L (gate {d.gate} {d.threshold:g}, rule {d.rule})\n\n" + _clips_note(params)
+        + _table(["lang", "L", "clips", "BLEU-1 [95% CI]", "METEOR", "ROUGE-L", "total s", "rho", "AAL", "rounds"], rows))
     with open(out / "plots" / "l_sweep.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["language", "L", "bleu1", "total_time", "rho"])
@@ -120,11 +138,12 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
 
     # gates at the default L
     gates = sorted([c for c in ugsd if c["block_len"] == d.block_len], key=lambda c: (c["language"], c["gate"], c["threshold"] or 0))
-    rows = [[c["language"], c["gate"], c["threshold"]] + [c["metrics"].get(k) for k in ("bleu1", "meteor", "rouge_l",
-            "emotion_hit_rate", "rho", "total_time")] for c in gates]
+    rows = [[c["language"], c["gate"], c["threshold"], c.get("clips"), _with_ci(c, "bleu1")]
+            + [c["metrics"].get(k) for k in ("meteor", "rouge_l", "emotion_hit_rate", "rho", "total_time")] for c in gates]
     (out / "tables" / "gates.md").write_text(
-        f"# Gates at L = {d.block_len}\n\n" + _table(["lang", "gate", "threshold", "BLEU-1", "METEOR", "ROUGE-L",
-                                                      "emotion hit %", "rho", "total s"], rows))
+        f"# Gates at L = {d.block_len}\n\n" + _clips_note(params)
+        + _table(["lang", "gate", "threshold", "clips", "BLEU-1 [95% CI]", "METEOR", "ROUGE-L", "emotion hit %", "rho",
+                  "total s"], rows))
     with open(out / "plots" / "quality_vs_rho.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["language", "config", "rho", "bleu1", "total_time"])
@@ -157,15 +176,15 @@ def _qs_table(params: Params, sampled: list[dict], out: Path) -> None:
     for c in sorted(sampled, key=lambda c: (c["language"], c["rule"] != "spec_sampling", c.get("level") or 999)):
         m = c["metrics"]
         rows.append([c["language"], c["rule"] if c["rule"] != "qs" else f"qs l={c.get('level') or 'adaptive'}",
-                     m.get("total_time"), (m.get("tokens") or 0) / m["total_time"] if m.get("total_time") else None,
+                     c.get("clips"), m.get("total_time"), (m.get("tokens") or 0) / m["total_time"] if m.get("total_time") else None,
                      m.get("aal"), m.get("rounds"), m.get("bytes_up"), m.get("bleu1"), m.get("meteor")])
     t = sampled[0].get("temperature")
     path.write_text(
         f"# Q-S vs speculative sampling (temperature {t:g}, every block verified, link {params.link.name})\n\n"
         "Both are lossless: the output follows the cloud's distribution. Q-S sends the lattice-quantized draft "
         "distribution sparsely instead of dense float16 rows; a coarser lattice sends less and is accepted less "
-        "often. tokens/s = committed tokens / total time (virtual clock).\n\n"
-        + _table(["lang", "rule", "total s", "tokens/s", "AAL", "rounds", "bytes up", "BLEU-1", "METEOR"], rows))
+        "often. tokens/s = committed tokens / total time (virtual clock).\n\n" + _clips_note(params)
+        + _table(["lang", "rule", "clips", "total s", "tokens/s", "AAL", "rounds", "bytes up", "BLEU-1", "METEOR"], rows))
 
 
 def _pipelined_table(params: Params, ok: list[dict], langs: list[str], pick: dict, out: Path) -> None:
@@ -183,7 +202,7 @@ def _pipelined_table(params: Params, ok: list[dict], langs: list[str], pick: dic
             m = c["metrics"]
             mode = c["method"] if c["method"] != "ugsd" else (
                 f"pipelined N={c['in_flight']}" if c.get("in_flight") else "blocking")
-            rows.append([lang, mode, m.get("total_time"), m.get("total_time") / base if base else None, m.get("otps"),
+            rows.append([lang, mode, c.get("clips"), m.get("total_time"), m.get("total_time") / base if base else None, m.get("otps"),
                          m.get("wait_time", 0.0), m.get("wasted", 0.0), m.get("stale", 0.0), m.get("rounds", 0.0),
                          m.get("bleu1")])
     d = params.decode
@@ -192,7 +211,7 @@ def _pipelined_table(params: Params, ok: list[dict], langs: list[str], pick: dic
         f"link {params.link.name}: RTT {params.link.rtt_ms:g} ms)\n\nPer caption means. N = blocks in flight while the "
         "edge drafts ahead; wasted = drafted tokens thrown away after a rejection; stale = blocks the cloud dropped "
         "unverified. For greedy rules the captions are the blocking loop's, so quality only moves with sampling.\n\n"
-        + _table(["lang", "mode", "total s", "x edge-only", "OTPS", "wait s", "wasted", "stale", "rounds", "BLEU-1"],
+        + _clips_note(params) + _table(["lang", "mode", "clips", "total s", "x edge-only", "OTPS", "wait s", "wasted", "stale", "rounds", "BLEU-1"],
                  rows))
 
 

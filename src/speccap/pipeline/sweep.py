@@ -16,6 +16,7 @@ import json
 import os
 import statistics
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,13 @@ class RunConfig:
         return d
 
 
+def default_config(params: Params, lang: str) -> RunConfig:
+    """UGSD at decode's gate, threshold, L, rule and loop: the one the quality table compares."""
+    d = params.decode
+    return RunConfig("ugsd", lang, d.gate, None if d.gate in ("never", "always") else d.threshold, d.block_len,
+                     rule=d.rule, rank=d.rank if d.rule == "rank" else 0, in_flight=d.in_flight)
+
+
 def build_configs(params: Params) -> list[RunConfig]:
     """Edge-only and cloud-only, the L sweep at the default gate, the gate sweep at the default L
     (all in the default loop, decode.in_flight), and the pipelined loop at the default gate and L."""
@@ -81,7 +89,7 @@ def build_configs(params: Params) -> list[RunConfig]:
                 configs.append(RunConfig(m, lang))
         if "ugsd" not in sw.methods:
             continue
-        seen = set()
+        seen = {default_config(params, lang)}
         base = dict(rule=d.rule, rank=d.rank if d.rule == "rank" else 0)
         default_thr = None if d.gate in ("never", "always") else d.threshold
         for length in sw.block_lens:
@@ -119,6 +127,19 @@ def models_fingerprint(params: Params) -> str:
 def eval_clips(params: Params, language: str) -> list[dict]:
     recs = read_manifest(manifest_path(params.data.processed_dir, "test", language))
     return recs[: params.sweep.clips] if params.sweep.clips else recs
+
+
+def is_headline(cfg: RunConfig, params: Params) -> bool:
+    """Edge-only, cloud-only and UGSD at decode's settings: the quality table's three."""
+    return cfg.method in ("edge", "cloud") or cfg == default_config(params, cfg.language)
+
+
+def sweep_clips(params: Params) -> Callable[[RunConfig], list[dict]]:
+    """The test clips each decode configuration runs on: all of `sweep.clips` for the headline three,
+    the first `sweep.detail_clips` of them for the rest (their intervals are wider, and say so)."""
+    clips = {lang: eval_clips(params, lang) for lang in params.data.languages}
+    n = params.sweep.detail_clips
+    return lambda cfg: clips[cfg.language] if is_headline(cfg, params) or not n else clips[cfg.language][:n]
 
 
 def link_config(params: Params, cfg: RunConfig):
