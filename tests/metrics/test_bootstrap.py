@@ -63,3 +63,26 @@ def test_intervals_narrow_with_more_clips_and_emotion_hit_is_bootstrapped():
     assert {"bleu1_ci_low", "meteor_ci_high", "rouge_l_ci_low"} <= set(m)
     with pytest.raises(KeyError, match="no per-clip 'emotion_hit_rate'"):
         interval(_stats(GOOD)[1], "emotion_hit_rate")
+
+
+def test_relative_quality_change_over_pairs_and_pooled_over_languages():
+    from speccap.metrics.bootstrap import mean_relative_change, pooled_mean
+    s_mid, mid = _stats(MID)
+    s_good, good = _stats(GOOD)
+    q = lambda s: (s.bleu1 + s.meteor + s.rouge_l) / 3  # noqa: E731
+    assert interval(mid, "quality")["value"] == pytest.approx(q(s_mid))
+    one = mean_relative_change([(mid, good)], "quality")
+    assert one["value"] == pytest.approx(100 * (q(s_mid) - q(s_good)) / q(s_good))
+    assert one["ci_low"] <= one["value"] <= one["ci_high"] < 0  # MID is clearly worse than GOOD
+    # the mean over pairs: (MID vs GOOD) and (GOOD vs GOOD) average to half the change
+    two = mean_relative_change([(mid, good), (good, good)], "quality", keep_draws=True)
+    assert two["value"] == pytest.approx(one["value"] / 2)
+    assert len(two["draws"]) > 100
+    # two languages' estimates pooled: the mean of the values, an interval at least as narrow as either
+    other = mean_relative_change([(mid, good)], "quality", seed=1, keep_draws=True)
+    pooled = pooled_mean([two, other])
+    assert pooled["value"] == pytest.approx((two["value"] + other["value"]) / 2)
+    width = lambda d: d["ci_high"] - d["ci_low"]  # noqa: E731
+    assert width(pooled) <= max(width(two), width(other)) + 1e-9
+    with pytest.raises(ValueError, match="same clips"):
+        mean_relative_change([(mid, ClipStats(IDS[::-1], good.columns))], "quality")

@@ -51,6 +51,35 @@ def test_report_compares_each_rule_with_greedy_on_its_channel_and_window(tmp_pat
     md = (tmp_path / "wisv.md").read_text()
     assert "| ours (mean over languages, channels, windows) | +50.0% | -20.0% | -2.0% |" in md
     assert "| en | markov | 4 | wisv | 3.000 |" in md
+    assert r["quality_pct_ci"] is None  # no per-clip numbers, no interval (and no crash)
     # the 7B protocol table: selective wins only on a short RTT
     choice = {(p["channel"]): p["choice"] for p in r["protocols"]}
     assert choice["up20-rtt50"] == "full" and choice["up20-rtt5"] == "selective"
+
+
+def test_report_intervals_come_from_the_clips(tmp_path):
+    from speccap.metrics.bootstrap import ClipStats
+    params = params_from_dict({"data": {"languages": ["en"]}, "wisv": {"block_lens": [4], "eval_clips": 30}})
+    rng = np.random.default_rng(0)
+    n = 30
+    ids = [f"c{i}" for i in range(n)]
+
+    def clip_stats(shift):
+        cols = {"bleu1_match": rng.integers(8, 12, n).astype(float) + shift, "bleu1_count": np.full(n, 20.0),
+                "hyp_len": np.full(n, 20.0), "ref_len": np.full(n, 20.0),
+                "meteor": rng.normal(50 + shift, 2, n), "rouge_l": rng.normal(50 + shift, 2, n)}
+        return ClipStats(ids, cols).to_json()
+    configs = []
+    for cfg in wisv_configs(params):
+        m = {"bleu1": 50.0, "meteor": 50.0, "rouge_l": 50.0, "tokens": 30.0, "total_time": 1.0, "accepted": 20.0,
+             "corrected": 5.0, "rounds": 10.0, "aal": 2.0, "bleu1_ci_low": 48.0, "bleu1_ci_high": 52.0}
+        stats = clip_stats(-3.0 if cfg.rule == "wisv" else 0.0)  # WISV clearly worse on every clip
+        configs.append({"status": "FINISHED", "metrics": m, "clip_stats": stats, **cfg.to_dict()})
+    r = build_wisv_report(params, {"configs": configs}, None, tmp_path)
+    lo, hi = r["quality_pct_ci"]
+    assert lo < hi < 0
+    for d in r["deltas"]:
+        assert d["quality_pct_ci"][1] < 0
+    md = (tmp_path / "wisv.md").read_text()
+    assert "30 clips, not all" in md and "50.0 [48.0, 52.0]" in md
+    assert f"[{lo:+.1f}, {hi:+.1f}]" in md

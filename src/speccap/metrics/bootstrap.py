@@ -53,6 +53,8 @@ def _metric(stats: ClipStats, key: str, idx: np.ndarray) -> np.ndarray:
             bp = np.where(hyp > ref, 1.0, np.exp(1.0 - ref / np.maximum(hyp, 1e-12)))
             bp = np.where(hyp == 0, 0.0, bp)
             return 100.0 * bp * np.where(count > 0, match / np.maximum(count, 1e-12), 0.0)
+    if key == "quality":  # the WISV report's single figure: the mean of BLEU-1, METEOR and ROUGE-L
+        return (_metric(stats, "bleu1", idx) + _metric(stats, "meteor", idx) + _metric(stats, "rouge_l", idx)) / 3
     col = MEAN_KEYS.get(key)
     if col is None or col not in c:
         raise KeyError(f"no per-clip {key!r} to bootstrap (have {sorted(c)})")
@@ -93,6 +95,37 @@ def difference(a: ClipStats, b: ClipStats, key: str, seed: int = 0, resamples: i
     idx = _resamples(n, seed, resamples)
     full = np.arange(n)
     return _interval(_metric(a, key, full) - _metric(b, key, full), _metric(a, key, idx) - _metric(b, key, idx))
+
+
+def mean_relative_change(pairs: list[tuple[ClipStats, ClipStats]], key: str, seed: int = 0,
+                         resamples: int = RESAMPLES, keep_draws: bool = False) -> dict:
+    """{value, ci_low, ci_high} of the mean over `pairs` (new, old) of 100 x (metric(new) - metric(old)) /
+    metric(old): e.g. WISV against greedy verification averaged over channels and windows. All pairs
+    hold the same clips and are resampled together (one resample of the clips serves every pair).
+    `keep_draws`: the bootstrap draws too, under "draws", for `pooled_mean`."""
+    if not pairs:
+        raise ValueError("no pairs to compare")
+    _check_paired(*[s for pair in pairs for s in pair])
+    n = len(pairs[0][0].ids)
+    idx, full = _resamples(n, seed, resamples), np.arange(n)
+
+    def rel(ix):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.mean([100.0 * (_metric(a, key, ix) - _metric(b, key, ix)) / _metric(b, key, ix)
+                            for a, b in pairs], axis=0)
+    draws = rel(idx)
+    out = _interval(float(rel(full)), draws)
+    if keep_draws:
+        out["draws"] = draws
+    return out
+
+
+def pooled_mean(draws: list[dict]) -> dict:
+    """The mean of independent estimates (e.g. one per language: different clips), with a CI from
+    their bootstrap draws averaged draw by draw (`draws`: `mean_relative_change(..., keep_draws=True)`
+    outputs, each resampled on its own clips with as many resamples)."""
+    value = float(np.mean([d["value"] for d in draws]))
+    return _interval(value, np.mean([d["draws"] for d in draws], axis=0))
 
 
 def gap_closed(edge: ClipStats, method: ClipStats, cloud: ClipStats, key: str, seed: int = 0,

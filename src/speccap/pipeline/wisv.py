@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import Params
+from ..metrics.bootstrap import ClipStats, interval, mean_relative_change, pooled_mean
 from .gates import roc_auc
 from .markdown import md_table
 from .sweep import RunConfig
@@ -159,9 +160,12 @@ def build_wisv_report(params: Params, summary: dict, head: dict | None = None, o
     out.mkdir(parents=True, exist_ok=True)
     ok = [c for c in summary["configs"] if c["status"] == "FINISHED"]
     cell: dict = {}
+    stats: dict = {}  # per-clip numbers, for the paired intervals
     for c in ok:
         if c["method"] == "ugsd":
             cell[(c["language"], c["channel"], c["block_len"], c["rule"])] = c["metrics"]
+            if c.get("clip_stats"):
+                stats[(c["language"], c["channel"], c["block_len"], c["rule"])] = ClipStats.from_json(c["clip_stats"])
     rows, deltas = [], []
     for lang in params.data.languages:
         for ch in params.wisv.channels:
@@ -172,7 +176,9 @@ def build_wisv_report(params: Params, summary: dict, head: dict | None = None, o
                     if m is None:
                         continue
                     tput = m["tokens"] / m["total_time"] if m.get("total_time") else 0.0
-                    rows.append({"lang": lang, "channel": ch, "L": length, "rule": rule, "aal": m["aal"],
+                    st = stats.get((lang, ch, length, rule))
+                    rows.append({"quality_ci": _ci(interval(st, "quality")) if st else None,
+                                 "bleu1_ci": [m["bleu1_ci_low"], m["bleu1_ci_high"]] if "bleu1_ci_low" in m else None,"lang": lang, "channel": ch, "L": length, "rule": rule, "aal": m["aal"],
                                  "rounds": m["rounds"], "latency": m["total_time"], "throughput": tput,
                                  "bleu1": m["bleu1"], "meteor": m["meteor"], "rouge_l": m["rouge_l"],
                                  "quality": _quality(m), "tolerated": m.get("tolerated", 0.0),
@@ -181,19 +187,41 @@ def build_wisv_report(params: Params, summary: dict, head: dict | None = None, o
                                  "mismatch_rate": m["corrected"] / (m["accepted"] + m["corrected"])
                                  if m.get("accepted", 0) + m.get("corrected", 0) else 0.0})
                     if rule == "wisv" and g is not None:
+                        gs = stats.get((lang, ch, length, "greedy"))
                         deltas.append({"lang": lang, "channel": ch, "L": length,
                                        "aal_pct": _pct(m["aal"], g["aal"]), "rounds_pct": _pct(m["rounds"], g["rounds"]),
                                        "latency_pct": _pct(m["total_time"], g["total_time"]),
-                                       "quality_pct": _pct(_quality(m), _quality(g))})
+                                       "quality_pct": _pct(_quality(m), _quality(g)),
+                                       "quality_pct_ci": _ci(mean_relative_change([(st, gs)], "quality"))
+                                       if st and gs else None})
     refs = {lang: {mth: next((_quality(c["metrics"]) for c in ok if c["method"] == mth and c["language"] == lang),
                              None) for mth in ("edge", "cloud")} for lang in params.data.languages}
     mean = lambda k: float(np.mean([d[k] for d in deltas if d[k] is not None])) if deltas else None  # noqa: E731
     result = {"rows": rows, "deltas": deltas, "references": refs, "paper": PAPER, "head": head or {},
               "mean": {k: mean(k) for k in ("aal_pct", "rounds_pct", "latency_pct", "quality_pct")},
+              "quality_pct_ci": _mean_quality_ci(params, stats),
               "protocols": protocol_table(params, rows)}
     (out / "wisv.md").write_text(_markdown(params, result))
     _plot(params, rows, out / "wisv.png")
     return result
+
+
+def _ci(iv: dict) -> list[float]:
+    return [iv["ci_low"], iv["ci_high"]]
+
+
+def _mean_quality_ci(params: Params, stats: dict) -> list[float] | None:
+    """95% CI of WISV's quality change against greedy, averaged over languages, channels and windows:
+    within a language every (channel, window) pair is resampled on the same clips; the languages'
+    draws (different clips) are averaged draw by draw."""
+    per_lang = []
+    for lang in params.data.languages:
+        pairs = [(stats[(lang, ch, n, "wisv")], stats[(lang, ch, n, "greedy")])
+                 for ch in params.wisv.channels for n in params.wisv.block_lens
+                 if (lang, ch, n, "wisv") in stats and (lang, ch, n, "greedy") in stats]
+        if pairs:
+            per_lang.append(mean_relative_change(pairs, "quality", keep_draws=True))
+    return _ci(pooled_mean(per_lang)) if per_lang else None
 
 
 def protocol_table(params: Params, rows: list[dict]) -> list[dict]:
@@ -231,14 +259,15 @@ def _markdown(params: Params, r: dict) -> str:
     chans = "; ".join(f"{n}: up {c.uplink_mbps:g} / down {c.downlink_mbps:g} Mbps, RTT {c.rtt_ms:g} ms"
                       + (f", Markov {c.markov.good_mbps:g} / {c.markov.bad_mbps:g} Mbps" if c.markov else "")
                       for n, c in params.wisv.channels.items())
-    main = _table(["lang", "channel", "L", "rule", "AAL", "rounds", "latency s", "tokens/s", "BLEU-1", "METEOR",
-                   "ROUGE-L", "tolerated", "bytes up", "hidden requests"],
+    main = _table(["lang", "channel", "L", "rule", "AAL", "rounds", "latency s", "tokens/s", "BLEU-1 [95% CI]",
+                   "METEOR", "ROUGE-L", "quality [95% CI]", "tolerated", "bytes up", "hidden requests"],
                   [[x["lang"], x["channel"], x["L"], x["rule"], x["aal"], x["rounds"], x["latency"], x["throughput"],
-                    x["bleu1"], x["meteor"], x["rouge_l"], x["tolerated"], x["bytes_up"], x["hidden_requests"]]
+                    _with_ci(x["bleu1"], x.get("bleu1_ci")), x["meteor"], x["rouge_l"],
+                    _with_ci(x["quality"], x.get("quality_ci")), x["tolerated"], x["bytes_up"], x["hidden_requests"]]
                    for x in r["rows"]])
-    deltas = _table(["lang", "channel", "L", "AAL %", "rounds %", "latency %", "quality %"],
+    deltas = _table(["lang", "channel", "L", "AAL %", "rounds %", "latency %", "quality % [95% CI]"],
                     [[d["lang"], d["channel"], d["L"], d["aal_pct"], d["rounds_pct"], d["latency_pct"],
-                      d["quality_pct"]] for d in r["deltas"]])
+                      _with_ci(d["quality_pct"], d.get("quality_pct_ci"), "%+.1f")] for d in r["deltas"]])
     proto = _table(["channel", "L", "mismatches / block", "full-hidden ms", "selective-hidden ms", "faster"],
                    [[p["channel"], p["L"], p["mismatches"], p["full_ms"], p["selective_ms"], p["choice"]]
                     for p in r["protocols"]])
@@ -258,13 +287,19 @@ def _markdown(params: Params, r: dict) -> str:
         f"Every block verified (gate `always`), test clips ({params.wisv.eval_clips or 'all'} per language), "
         f"upload protocol `{params.wisv.protocol}`, tau {params.wisv.tau:g}, rank-R with R = {params.decode.rank}. "
         f"Channels: {chans}. Latency: modelled end to end per caption (measured compute + link model); "
-        "throughput = tokens / latency; quality = mean of BLEU-1, METEOR and ROUGE-L (x100).\n\n"
+        "throughput = tokens / latency; quality = mean of BLEU-1, METEOR and ROUGE-L (x100). Intervals: 95% paired "
+        "bootstrap over the clips (the quality change against greedy: both on the same resampled clips). "
+        + ("" if not params.wisv.eval_clips else
+           f"{params.wisv.eval_clips} clips, not all, to keep `dvc repro` within its time budget: 5 channels x "
+           f"{len(params.wisv.block_lens)} windows x 3 rules per language; the intervals are the wider for it. ")
+        + "\n\n"
         "## Side by side with the paper (WISV vs greedy verification)\n\n"
         + _table(["", "AAL", "rounds", "accuracy / quality"],
                  [["paper", f"+{PAPER['aal_gain_pct']}%", f"{PAPER['rounds_change_pct']}%",
                    f"< {PAPER['accuracy_loss_pct_below']:g}% loss"],
                   ["ours (mean over languages, channels, windows)", _pct_s(m["aal_pct"]), _pct_s(m["rounds_pct"]),
-                   _pct_s(m["quality_pct"])]])
+                   _pct_s(m["quality_pct"]) + (f" [{r['quality_pct_ci'][0]:+.1f}, {r['quality_pct_ci'][1]:+.1f}]"
+                                               if r.get("quality_pct_ci") else "")]])
         + f"\n\nLatency change, mean: {_pct_s(m['latency_pct'])}. Quality references: {refs}.\n\n"
         "## Per channel and window\n\n" + main + "\n\n## WISV against greedy\n\n" + deltas + "\n"
         + head
@@ -273,6 +308,12 @@ def _markdown(params: Params, r: dict) -> str:
         "met here. The `auto` protocol makes this choice per round; on these embedded models (hidden sizes "
         f"{params.models.edge.size.text_hidden} / {params.models.cloud.size.text_hidden}) the states are small and "
         "full-hidden almost always wins.\n\n" + proto + "\n\nPlot: wisv.png.\n")
+
+
+def _with_ci(v, ci, fmt: str = "%.1f") -> str:
+    if v is None:
+        return "-"
+    return fmt % v + (f" [{fmt % ci[0]}, {fmt % ci[1]}]" if ci else "")
 
 
 def _pct_s(v) -> str:
