@@ -13,7 +13,7 @@ from prefect import flow
 
 from flows.sweep_runner import run_sweep
 from speccap.config import load_params, materialize
-from speccap.pipeline.gate_report import OUT, build_gate_report, decode_references, gate_configs
+from speccap.pipeline.gate_report import OUT, build_gate_report, decode_references, gate_clips, gate_configs
 from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.sweep import eval_clips
 
@@ -33,7 +33,8 @@ def gate_eval_flow(params_path: str | None = None, overrides: dict | None = None
     reused = decode_references(REFERENCES, clips)
     have = {(r["method"], r["language"]) for r in reused}
     configs = [c for c in configs if (c.method, c.language) not in have]
-    summary = run_sweep(params, params_path, "gate_eval", configs, clips, str(Path("reports/gate_runs")),
+    summary = run_sweep(params, params_path, "gate_eval", configs, gate_clips(params, tags, clips),
+                        str(Path("reports/gate_runs")),
                         extra_fp=gates_json["gates_key"], run_tags=lambda c: tags.get(c, {}))
     summary["configs"] += reused
     OUT.mkdir(parents=True, exist_ok=True)

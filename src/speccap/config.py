@@ -185,6 +185,10 @@ class GatesParams:
     baselines: tuple[str, ...] = ("entropy",)  # rule gates evaluated at the same budgets, per token and per block
     budgets: tuple[float, ...] = (0.05, 0.1)  # target escalation rates rho*
     eval_clips: int = 0  # test clips per language for the gate evaluation (0 = all)
+    # the oracle, the per-token baselines and the critical-target gates run on all `eval_clips`; the
+    # per-block baselines, the other targets and the other verification variant on the first
+    # `detail_clips` of them (0 = the same)
+    detail_clips: int = 0
     registry_name: str = "speccap-gate"
     promote_budget: float = 0.1  # the budget the champion is chosen at (quality on validation)
     promote_clips: int = 50  # validation clips per language the candidates are decoded on (0 = all traced)

@@ -38,3 +38,46 @@ def test_decode_references_are_reused_only_for_the_same_clips(tmp_path):
     assert decode_references(path, clips) == []  # no decode summary: caption them here
     path.write_text(json.dumps({"configs": rows}))
     assert decode_references(path, clips) == rows[:1]
+
+
+def test_detail_configs_run_on_fewer_clips_and_pair_with_edge_and_cloud_on_those(tmp_path):
+    import numpy as np
+    import pytest
+
+    from speccap.metrics.bootstrap import ClipStats, gap_closed
+    from speccap.pipeline.gate_report import build_gate_report, gate_clips
+    p = params_from_dict({"data": {"languages": ["en"]}, "gates": {"budgets": [0.05, 0.1], "promote_budget": 0.1,
+                                                                   "detail_clips": 3}})
+    configs, tags = gate_configs(p, _gates_json())
+    clips = {"en": [{"id": f"c{i}"} for i in range(8)]}
+    clips_of = gate_clips(p, tags, clips)
+    n = {tags[c]["gate_name"]: len(clips_of(c)) for c in configs if c in tags}
+    assert n == {ORACLE: 8, "entropy": 8, "tok-lightgbm-critical": 8, "entropy-block": 3, "tok-mlp-mismatch": 3,
+                 "tok-lightgbm-critical (pending)": 3}
+    assert len(gate_clips(params_from_dict({}), tags, clips)(configs[-1])) == 8  # 0 = all clips for all
+
+    rng = np.random.default_rng(0)
+    ids = [c["id"] for c in clips["en"]]
+
+    def stats(level, k=8):
+        return ClipStats(ids[:k], {"bleu1_match": rng.integers(5, 10, k) + level, "bleu1_count": np.full(k, 20.0),
+                                   "hyp_len": np.full(k, 20.0), "ref_len": np.full(k, 20.0),
+                                   "meteor": rng.normal(50 + level, 1, k), "rouge_l": rng.normal(50 + level, 1, k),
+                                   "emotion_hit": 100.0 * (rng.random(k) < 0.3 + 0.05 * level)})
+    m = {"total_time": 1.0, "tokens": 20.0, "drafted": 20.0, "rho": 0.05, "rounds": 1.0}
+    edge, cloud, gate, detail = stats(0), stats(6), stats(4), stats(2, 3)
+    rows = [{"method": "edge", "language": "en", "status": "FINISHED", "metrics": m, "clip_stats": edge.to_json()},
+            {"method": "cloud", "language": "en", "status": "FINISHED", "metrics": m, "clip_stats": cloud.to_json()}]
+    for name, st in (("tok-lightgbm-critical", gate), ("entropy-block", detail)):
+        rows.append({"method": "ugsd", "language": "en", "status": "FINISHED", "metrics": m, "gate_name": name,
+                     "budget": 0.1, "threshold": 0.5, "clip_stats": st.to_json()})
+    r = build_gate_report(p, {"configs": rows}, tmp_path)
+    got = {name: e[0] for name, e in r["languages"]["en"]["gates"].items()}
+    assert got["tok-lightgbm-critical"]["clips"] == 8 and got["entropy-block"]["clips"] == 3
+    sub = gap_closed(edge.subset(ids[:3]), detail, cloud.subset(ids[:3]), "bleu1")
+    assert got["entropy-block"]["gap_closed_bleu1"]["value"] == pytest.approx(sub["value"])
+    assert got["tok-lightgbm-critical"]["gap_closed_bleu1"]["value"] == pytest.approx(
+        gap_closed(edge, gate, cloud, "bleu1")["value"])
+    assert "the first 3 (`gates.detail_clips`" in (tmp_path / "gates.md").read_text()
+    with pytest.raises(ValueError, match="not in these stats"):
+        edge.subset(["nope"])

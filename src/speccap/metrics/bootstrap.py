@@ -42,6 +42,15 @@ class ClipStats:
     def from_json(cls, d: dict) -> "ClipStats":
         return cls(list(d["ids"]), {k: np.asarray(v, float) for k, v in d.items() if k != "ids"})
 
+    def subset(self, ids: list[str]) -> "ClipStats":
+        """These clips' rows, in the order of `ids` (to pair a method run on fewer clips)."""
+        where = {c: i for i, c in enumerate(self.ids)}
+        missing = [c for c in ids if c not in where]
+        if missing:
+            raise ValueError(f"{len(missing)} clip(s) not in these stats, e.g. {missing[0]}")
+        rows = np.array([where[c] for c in ids], dtype=int)
+        return ClipStats(list(ids), {k: v[rows] for k, v in self.columns.items()})
+
 
 def _metric(stats: ClipStats, key: str, idx: np.ndarray) -> np.ndarray:
     """The metric on each resample; idx (B, n) indexes clips (a single row = one estimate)."""
