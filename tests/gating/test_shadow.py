@@ -84,3 +84,48 @@ def test_impact_is_the_loop_correcting_that_token_and_the_edge_finishing(pair, a
         assert l["impact"] == pytest.approx(expect)
         assert l["critical"] == (expect > 0.5)
     assert all(l["impact"] == 0.0 for l in labels if not l["mismatch"])
+
+
+def test_dagger_on_the_edges_own_caption_is_the_first_round(pair, audio, traced):
+    # committed = the edge-only caption: the same drafts, labels and (to float16 rounding) features
+    edge, cloud = pair
+    x, labels, caption = traced
+    ids = edge_only(edge, audio[1], "en", MAX).token_ids
+    x2, labels2, caption2 = shadow_caption(edge, cloud, audio[1], "en", REFS, "neutral", ShadowSettings(2, 0.5, MAX),
+                                           committed=ids)
+    assert caption2 == caption and labels2 == labels and all(l["kept"] for l in labels2)
+    np.testing.assert_allclose(x2, x, atol=2e-2)
+
+
+def _loop(pair, audio, positions, dim=0):
+    edge, cloud = pair
+    probe = _Probe(positions=positions, dim=dim, eos=edge.eos_token_id)
+    spec = SpecSettings(gate=probe, rule=make_rule("rank", rank=2), policy=Fixed(4), max_new_tokens=MAX)
+    return speculative(edge, cloud, audio[1], "en", spec, Link(LinkConfig())), probe
+
+
+def test_dagger_traces_the_gated_loops_caption_against_the_loop_itself(pair, audio, traced):
+    # a gate that corrected the first mismatch leaves the edge's trajectory: the next round traces
+    # where the loop really went, and each later mismatch is judged from there
+    edge, cloud = pair
+    x0, labels0, _ = traced
+    dim = x0.shape[1] - len(token_columns(0))
+    p0 = next(l["pos"] for l in labels0 if l["mismatch"])
+    rec, probe = _loop(pair, audio, [p0], dim)
+    assert rec.corrected == 1
+    x, labels, caption = shadow_caption(edge, cloud, audio[1], "en", REFS, "neutral", ShadowSettings(2, 0.5, MAX),
+                                        committed=rec.token_ids)
+    assert caption == rec.caption
+    # the features are what the gate saw at each draft of that loop (teacher-forced: to float16 rounding)
+    np.testing.assert_allclose(x, np.stack(probe.rows), atol=2e-2)
+    assert [l["pos"] for l in labels if not l["kept"]] == [p0] and labels[p0]["mismatch"]
+    later = [l for l in labels if l["mismatch"] and l["pos"] > p0]
+    assert later  # the tiny models disagree again after the correction
+    for l in later[:2]:
+        fixed, _ = _loop(pair, audio, [p0, l["pos"]])  # correct it too; the edge finishes
+        q_fix, q_keep = quality_parts([fixed.caption, rec.caption], REFS, "en", "neutral")
+        assert l["impact"] == pytest.approx((3 * (q_fix[0] - q_keep[0]) + 100 * (q_fix[1] - q_keep[1])) / 4)
+    # the corrected position itself: "keep" is the edge's draft there, the edge finishing from it
+    keep, _ = _loop(pair, audio, [])
+    q_fix, q_keep = quality_parts([rec.caption, keep.caption], REFS, "en", "neutral")
+    assert labels[p0]["impact"] == pytest.approx((3 * (q_fix[0] - q_keep[0]) + 100 * (q_fix[1] - q_keep[1])) / 4)

@@ -16,6 +16,12 @@ the caption. So a clip's trace is:
    critical when the impact exceeds `critical_margin`.
 
 Impact of a matching token is 0 (there is nothing to correct).
+
+DAgger. The edge-only caption is where a gate starts, not where a deployed one goes: after its
+first correction the loop leaves the edge's own trajectory. So later rounds trace the caption the
+loop really committed under the current gate (`committed`): at each position, what the edge drafted
+given the committed prefix (its greedy token, with what a token gate reads there) is judged the
+same way, "keep" being that draft with the edge finishing from it.
 """
 
 from __future__ import annotations
@@ -66,36 +72,82 @@ def edge_trajectory(edge: AudioLM, mel: np.ndarray, language: str, max_new_token
     return block
 
 
+def trajectory_block(edge: AudioLM, mel: np.ndarray, language: str, committed: list[int],
+                     max_new_tokens: int) -> Block:
+    """What the edge drafted at each position of a committed caption (token ids, no end token): its
+    greedy token given the committed prefix, with the statistics and hidden state a token gate
+    reads there, and one position past the caption (the end it drafted, or the token the cloud
+    replaced by the end) unless the caption is `max_new_tokens` long. One teacher-forced pass over
+    the caption, plus one token for each position where the loop committed something else."""
+    block = Block(start=0, audio=audio_summary(mel), language=language)
+    sess = edge.start(mel, language)
+    prompt = sess.length
+    rows = [sess.prefill_logits]
+    hidden = []
+    if committed:
+        out = sess.extend(list(committed), True)
+        rows += [out.logits[k] for k in range(len(committed))]
+        hidden = [out.hidden[k].half().float() for k in range(len(committed))]
+    n = len(committed) + (len(committed) < max_new_tokens)
+    drafted = [int(rows[j].argmax()) for j in range(n)]
+    for j in range(n):
+        stats, _ = token_stats(rows[j], drafted[j])
+        block.tokens.append(drafted[j])
+        block.stats.append(stats)
+        block.hidden.append(hidden[j] if j < len(committed) and drafted[j] == committed[j] else None)
+    for j in reversed(range(n)):  # the drafts the loop did not keep: their own hidden state, one token each
+        if block.hidden[j] is None and drafted[j] != edge.eos_token_id:
+            sess.rollback(sess.length - prompt - j)
+            block.hidden[j] = sess.extend([drafted[j]], True).hidden[-1].half().float()
+    return block
+
+
 def shadow_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str, references: list[str],
-                   emotion: str | None, settings: ShadowSettings) -> tuple[np.ndarray, list[dict], str]:
-    """One clip's trace: (token feature rows, one label dict per token, the edge's caption)."""
-    block = edge_trajectory(edge, mel, language, settings.max_new_tokens)
+                   emotion: str | None, settings: ShadowSettings,
+                   committed: list[int] | None = None) -> tuple[np.ndarray, list[dict], str]:
+    """One clip's trace: (token feature rows, one label dict per token, the caption traced). Without
+    `committed`, the edge's own caption; with it, the caption a gated loop committed (DAgger)."""
     eos = edge.eos_token_id
+    if committed is None:
+        block = edge_trajectory(edge, mel, language, settings.max_new_tokens)
+        path = [t for t in block.tokens if t != eos]
+    else:
+        block = trajectory_block(edge, mel, language, committed, settings.max_new_tokens)
+        path = list(committed)
     dim = next((int(h.shape[-1]) for h in block.hidden if h is not None), 0)
     x = token_rows(block, dim, eos)
-    # the cloud's view of every edge token, from one forward over the caption
+    # the cloud's view of every edge draft, from one forward over the caption
     csess = cloud.start(mel, language)
     rows = [csess.prefill_logits]
     if len(block) > 1:
-        out = csess.extend(block.tokens[:-1])
+        out = csess.extend(path[: len(block) - 1])
         rows += [out.logits[k] for k in range(len(block) - 1)]
-    caption_ids = [t for t in block.tokens if t != eos]
+    # was the edge's draft kept (the end drafted where the caption ends counts)? "keep" after a position
+    # where the caption left the edge's drafts is not the caption itself
+    kept = [path[j] == tok if j < len(path) else tok == eos for j, tok in enumerate(block.tokens)]
+    departed = [j for j, k in enumerate(kept) if not k]
     labels, fixes = [], []
     for j, tok in enumerate(block.tokens):
         rank = cloud_rank(rows[j], tok)
         correction = int(rows[j].argmax())
         labels.append({"pos": j, "token": tok, "eos": eos, "cloud_rank": rank, "cloud_token": correction,
                        "mismatch": rank > settings.rank, "impact": 0.0, "impact_quality": 0.0,
-                       "impact_emotion": 0.0, "critical": False})
+                       "impact_emotion": 0.0, "critical": False, "kept": kept[j]})
         if rank > settings.rank:
-            prefix = block.tokens[:j]
-            fixes.append((j, prefix if correction == eos else
-                          finish(edge, mel, language, prefix + [correction], settings.max_new_tokens)))
+            prefix = path[:j]
+            fix = prefix if correction == eos else finish(edge, mel, language, prefix + [correction],
+                                                          settings.max_new_tokens)
+            if not any(k >= j for k in departed):
+                keep = path  # the edge's own continuation from here is the caption itself
+            else:
+                keep = prefix if tok == eos else finish(edge, mel, language, prefix + [tok], settings.max_new_tokens)
+            fixes.append((j, fix, keep))
     if fixes:
-        parts = quality_parts([edge.decode(caption_ids)] + [edge.decode(ids) for _, ids in fixes], references,
-                              language, emotion)
-        for (j, _), fixed in zip(fixes, parts[1:]):
-            gain = impact(fixed, parts[0], emotion is not None)
-            labels[j].update(impact=gain, impact_quality=fixed[0] - parts[0][0],
-                             impact_emotion=fixed[1] - parts[0][1], critical=gain > settings.critical_margin)
-    return x, labels, edge.decode(caption_ids)
+        texts = list(dict.fromkeys(edge.decode(ids) for _, fix, keep in fixes for ids in (fix, keep)))
+        scored = dict(zip(texts, quality_parts(texts, references, language, emotion)))
+        for j, fix, keep in fixes:
+            fixed, as_is = scored[edge.decode(fix)], scored[edge.decode(keep)]
+            gain = impact(fixed, as_is, emotion is not None)
+            labels[j].update(impact=gain, impact_quality=fixed[0] - as_is[0],
+                             impact_emotion=fixed[1] - as_is[1], critical=gain > settings.critical_margin)
+    return x, labels, edge.decode(path)
