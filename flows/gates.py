@@ -4,7 +4,8 @@ Every (classifier, target) of params.gates is fitted on the train traces, evalua
 validation traces (ROC AUC for mismatches and for critical mismatches, calibration plot, feature
 importances) and given a threshold per budget; each one is logged as a pyfunc model (token
 features in, scores and decisions out) and registered under gates.registry_name (promotion is
-its own stage).
+its own stage). With gates.dagger.rounds, the captions the loop commits under the chosen gate are
+traced and the gates trained again with them (speccap.pipeline.dagger), round by round.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import json
 
 import pandas as pd
 from prefect import flow
+from tqdm import tqdm
 
 from speccap.config import load_params
 from speccap.gating.features import TOKEN_SCALARS, token_columns
+from speccap.pipeline.dagger import dagger_rounds, total_clips
 from speccap.pipeline.gates import gate_dir, learned_names, train_gates
 from speccap.pipeline.traces import TRACE_DIR, features_of
 from speccap.tracking import Tracker
@@ -34,6 +37,14 @@ def gates_flow(params_path: str | None = None) -> dict:
     params = load_params(params_path)
     train, val = _traces("train"), _traces("val")
     result = train_gates(params, train, val)
+    rounds = []
+    if params.gates.dagger.rounds:
+        bar = tqdm(total=total_clips(params), desc="dagger traces", unit="clip")
+        try:
+            result, rounds = dagger_rounds(params, params_path, train, val, result, progress=bar.update)
+        finally:
+            bar.close()
+    result["dagger"] = rounds
     out = gate_dir(params)
     key = hashlib.sha256(b"".join((out / f"{n}.pkl").read_bytes() for n in learned_names(params))).hexdigest()[:12]
     result["gates_key"] = key
@@ -43,6 +54,12 @@ def gates_flow(params_path: str | None = None) -> dict:
     example = pd.DataFrame(x, columns=list(token_columns(x.shape[1] - len(TOKEN_SCALARS) - 1)))
     with tracker.sweep(f"gates-{key}", {"gates": params.gates.__dict__}, {"sweep_key": f"gates-{key}",
                                                                           "stage": "gates"}) as parent:
+        for r in rounds:
+            metrics = {f"{when}_auc_{t}": v for when in ("before", "after") for t, v in r[f"val_auc_{when}"].items()
+                       if v is not None}
+            metrics |= {f"val_{k}": v for k, v in r["traces"]["val"].items() if isinstance(v, (int, float))}
+            tracker.log_config(parent, f"gates-{key}-dagger{r['round']}", f"dagger-round-{r['round']}",
+                               {"round": r["round"], "gate": r["gate"]}, metrics)
         versions = {}
         for name in learned_names(params):
             g = result["gates"][name]

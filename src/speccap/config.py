@@ -176,8 +176,19 @@ class TraceParams:
 
 
 @dataclass(frozen=True)
+class DaggerParams:
+    # DAgger: after the first gates, trace the captions the loop commits under the chosen gate (the
+    # critical target's, at the promote budget), add them to the training traces and train again;
+    # the thresholds come from the last round's validation traces (where the deployed gate goes)
+    rounds: int = 0
+    train_clips: int = 200  # train clips per language traced each round (0 = all)
+    val_clips: int = 0  # validation clips per language (0 = those of gates.traces)
+
+
+@dataclass(frozen=True)
 class GatesParams:
     traces: TraceParams = field(default_factory=TraceParams)
+    dagger: DaggerParams = field(default_factory=DaggerParams)
     # token gates (gating.token_gates): classifiers x targets, trained on the on-policy traces
     kinds: tuple[str, ...] = ("logistic", "lightgbm", "mlp")
     targets: tuple[str, ...] = ("critical", "mismatch")
@@ -549,7 +560,8 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "report": ("decode", "link", "data.languages"),
     "traces": ("seed", "gates.traces", "decode.rank", "models.max_new_tokens", "data.languages"),
     "gates": ("seed", "gates.kinds", "gates.targets", "gates.baselines", "gates.budgets", "gates.registry_name",
-              "gates.verify", "gates.promote_budget", "gates.traces.block_len", "tracking.experiment"),
+              "gates.verify", "gates.promote_budget", "gates.traces", "gates.dagger", *_GATE_DECODE,
+              "sweep.workers", "sweep.threads", "models.max_new_tokens", "data.languages", "tracking.experiment"),
     # gates are evaluated at the block length their thresholds were calibrated on (gates.traces.block_len),
     # so a change of decode.block_len leaves them alone
     "gate_eval": ("seed", "gates", *_GATE_DECODE, "link", "sweep.workers", "sweep.threads", "models.max_new_tokens",

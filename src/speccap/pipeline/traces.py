@@ -65,6 +65,48 @@ def shadow_one(job: tuple) -> dict:
         return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
+@dataclasses.dataclass(frozen=True)
+class DaggerSettings:
+    """A DAgger round's traces: the shadow settings, and the gate whose committed captions are traced
+    (models/gates/<gate>.pkl at `threshold` per language, verifying `verify`; `gate_sha` is its
+    pickle's hash, so traces made under another gate are made again)."""
+
+    rank: int
+    critical_margin: float
+    max_new_tokens: int
+    gate: str
+    threshold: dict
+    verify: str
+    gate_sha: str
+
+
+def dagger_one(job: tuple) -> dict:
+    """One clip in a worker: the token-gated loop's caption under the round's gate, then its shadow
+    trace along that caption (gating.shadow, `committed`); errors come back as a record."""
+    from ..config import gate_decode
+    from ..data.featurize import load_clip_features
+    from ..decoding.engine import settings_from_params, speculative
+    from ..decoding.link import Link
+    from ..gating.shadow import ShadowSettings, shadow_caption
+    from .gates import load_gate
+    clip_id, split, language, references, key, settings, emotion = job
+    params: Params = sweep._W["params"]
+    d = DaggerSettings(**settings)
+    try:
+        mel, _ = load_clip_features(params.data.processed_dir, clip_id)
+        spec = settings_from_params(gate_decode(params), params.models.max_new_tokens, params.seed)
+        spec.gate = load_gate(params, d.gate, d.threshold, cache=sweep._W.setdefault("gates", {}))
+        spec.gate.at_token_level(d.verify)
+        rec = speculative(sweep._W["edge"], sweep._W["cloud"], mel, language, spec, Link(params.link, seed=params.seed))
+        x, labels, caption = shadow_caption(sweep._W["edge"], sweep._W["cloud"], mel, language, references, emotion,
+                                            ShadowSettings(d.rank, d.critical_margin, d.max_new_tokens),
+                                            committed=rec.token_ids)
+        return {"id": clip_id, "key": key, "split": split, "language": language, "caption": caption,
+                "rows": labels, "x_shape": list(x.shape), "x": base64.b64encode(x.tobytes()).decode()}
+    except Exception as exc:  # noqa: BLE001 - the stage decides what a failed clip means
+        return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+
+
 def _frame(rec: dict) -> pd.DataFrame:
     """A clip record's rows as a table (a shadow record's features as columns x0..)."""
     df = pd.DataFrame(rec["rows"])

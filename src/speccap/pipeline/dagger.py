@@ -1,0 +1,94 @@
+"""DAgger rounds for the token gates (the `gates` stage, params gates.dagger).
+
+The first gates learn from the edge's own captions, but a deployed gate leaves that trajectory at
+its first correction, and the positions after it are states the first traces never showed. Each
+round therefore decodes train and validation clips with the current chosen gate (the critical
+target's, at the promote budget), traces the captions the loop committed (gating.shadow with
+`committed`: what the edge drafted at every position, the cloud's rank of it, every mismatch judged
+by correcting it against keeping the draft, the edge finishing), adds the train traces to the
+training set and trains every gate again. Thresholds and the chosen classifiers come from the
+round's validation traces: the budget is a share of the tokens the gate meets where it is deployed.
+
+Traces are written per clip as they come under data/dagger/round<k>/ (resumable, like the first
+round's); traces made under another gate or other models are made again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+
+from ..config import Params
+from .gates import gate_dir, roc_auc, train_gates
+from .sweep import Pool
+from .traces import DaggerSettings, collect, dagger_one, features_of, shadow_summary, trace_clips
+
+DAGGER_DIR = Path("data/dagger")
+
+
+def round_gate(result: dict) -> str:
+    """The gate a round decodes with: the chosen gate of the critical target (else the first target's)."""
+    chosen = result["chosen"]
+    return chosen.get("critical") or next(iter(chosen.values()))
+
+
+def round_counts(params: Params) -> SimpleNamespace:
+    d = params.gates.dagger
+    return SimpleNamespace(train_clips=d.train_clips, val_clips=d.val_clips or params.gates.traces.val_clips)
+
+
+def round_settings(params: Params, name: str) -> DaggerSettings:
+    path = gate_dir(params) / f"{name}.pkl"
+    blob = path.read_bytes()
+    saved = pickle.loads(blob)
+    return DaggerSettings(rank=params.decode.rank, critical_margin=params.gates.traces.critical_margin,
+                          max_new_tokens=params.models.max_new_tokens, gate=name, threshold=saved["threshold"],
+                          verify=params.gates.verify, gate_sha=hashlib.sha256(blob).hexdigest()[:12])
+
+
+def dagger_rounds(params: Params, params_path: str | None, train: pd.DataFrame, val: pd.DataFrame, result: dict,
+                  out_dir: Path = DAGGER_DIR, workers: int | None = None, progress=None) -> tuple[dict, list[dict]]:
+    """Run params.gates.dagger.rounds rounds after the first gates (`result`, trained on `train`
+    and `val`). Returns the last gates.json content and one summary per round."""
+    rounds = []
+    counts = round_counts(params)
+    for k in range(1, params.gates.dagger.rounds + 1):
+        name = round_gate(result)
+        settings = round_settings(params, name)
+        with open(gate_dir(params) / f"{name}.pkl", "rb") as fh:
+            model = pickle.load(fh)["model"]
+        pool = Pool(params_path, params.sweep.workers if workers is None else workers, params.sweep.threads,
+                    fn=dagger_one, stage="gates")
+        try:
+            tables = collect(params, pool, out_dir / f"round{k}", progress=progress, settings=settings, counts=counts)
+        finally:
+            pool.close()
+        for split, df in tables.items():
+            df.insert(2, "round", k)
+        train = pd.concat([train, tables["train"]], ignore_index=True)
+        val = tables["val"]
+        stats = shadow_summary(tables)
+        # the round's gate on the trajectories it led to (the shift the first traces did not show),
+        # then the gates trained again with them, on the same validation traces
+        scores = model.token_scores(features_of(val))
+        before = {t: roc_auc(val[t].to_numpy(bool), scores) for t in ("mismatch", "critical")}
+        result = train_gates(params, train, val)
+        rounds.append({"round": k, "gate": name, "threshold": settings.threshold, "traces": stats,
+                       "train_tokens": int(len(train)), "val_auc_before": before,
+                       "val_auc_after": {t: result["gates"][round_gate(result)].get(f"auc_{t}")
+                                         for t in ("mismatch", "critical")}, "chosen_after": round_gate(result),
+                       "corrected_share_of_val_tokens": float((~val["kept"].astype(bool)).mean()) if len(val) else 0.0})
+    return result, rounds
+
+
+def total_clips(params: Params) -> int:
+    """Clips a DAgger run traces (for a progress bar)."""
+    counts = round_counts(params)
+    per_round = sum(len(trace_clips(params, s, lang, counts)) for s in ("train", "val") for lang in params.data.languages)
+    return per_round * params.gates.dagger.rounds
+
+
