@@ -88,6 +88,11 @@ def render() -> str:
                    "gates issue's targets: >= 80% of both gaps, CI lower bound above entropy's point estimates, "
                    "<= 1.05x edge-only time and <= 15% of cloud-only's cloud compute on the papers' hardware):\n\n"
                    + "\n".join(f"- {x}" for x in lines) + "\n")
+        for r in gates.get("dagger", []):
+            b, a = r["val_auc_before"], r["val_auc_after"]
+            out.append(f"\nDAgger round {r['round']} (`reports/gates/gates.md`): {r['gate']} on the trajectories it "
+                       f"led to (validation) ranked critical mismatches with AUC {b['critical']:.3f}; trained again "
+                       f"on them, {r.get('chosen_after', 'the chosen gate')} {a['critical']:.3f}.\n")
     return "".join(out)
 
 

@@ -60,7 +60,7 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
     assert "gap" in e["gap_closed_bleu1"]
     assert (tmp_path / "reports/gates/pareto.png").stat().st_size > 5000
     md = (tmp_path / "reports/gates/gates.md").read_text()
-    assert "| en | oracle |" in md and "| en | entropy-block |" in md
+    assert "| en | oracle |" in md and "| en | entropy-block |" in md and "## DAgger rounds" in md
     name = sorted(chosen)[0]
     budget_runs = [r for r in tracker.runs() if r["params"].get("gate_name") == name]
     assert {r["params"]["budget"] for r in budget_runs} >= {"0.3", "0.6"}

@@ -81,3 +81,13 @@ def test_detail_configs_run_on_fewer_clips_and_pair_with_edge_and_cloud_on_those
     assert "the first 3 (`gates.detail_clips`" in (tmp_path / "gates.md").read_text()
     with pytest.raises(ValueError, match="not in these stats"):
         edge.subset(["nope"])
+
+
+def test_the_dagger_rounds_have_their_section():
+    from speccap.pipeline.gate_report import dagger_section
+    stats = {"clips": 4, "mismatch_rate": 0.1, "critical_rate": 0.02}
+    md = dagger_section([{"round": 1, "gate": "tok-lightgbm-critical", "traces": {"train": stats, "val": stats},
+                          "corrected_share_of_val_tokens": 0.015, "chosen_after": "tok-mlp-critical",
+                          "val_auc_before": {"critical": 0.71, "mismatch": None},
+                          "val_auc_after": {"critical": 0.83, "mismatch": 0.9}}])
+    assert "| 1 | tok-lightgbm-critical | 4 / 4 | 0.100 | 0.020 | 0.015 | 0.710 -> 0.830 | – -> 0.900 |" in md

@@ -108,7 +108,8 @@ def _stats(c: dict) -> ClipStats:
     return ClipStats.from_json(c["clip_stats"])
 
 
-def build_gate_report(params: Params, summary: dict, out: Path = OUT) -> dict:
+def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: list[dict] | None = None) -> dict:
+    """`dagger`: the gates stage's DAgger rounds (gates.json "dagger"), shown in their own section."""
     out.mkdir(parents=True, exist_ok=True)
     ok = [c for c in summary["configs"] if c["status"] == "FINISHED" and c.get("clip_stats")]
     rows, result = [], {"languages": {}}
@@ -175,10 +176,35 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT) -> dict:
     for lang, r in result["languages"].items():
         for line in r["targets"]["lines"]:
             text.append(f"- {lang}: {line}")
+    if dagger:
+        result["dagger"] = dagger
+        text.append("\n" + dagger_section(dagger))
     (out / "gates.md").write_text("\n".join(text) + "\n")
     _pareto_plot(result, out / "pareto.png")
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def dagger_section(rounds: list[dict]) -> str:
+    """The DAgger rounds: what each traced under which gate, and how that gate ranked the mismatches
+    of the trajectories it led to, before and after training on them (same validation traces)."""
+    def auc(v):
+        return "–" if v is None else f"{v:.3f}"
+    rows = []
+    for r in rounds:
+        val, train = r["traces"]["val"], r["traces"]["train"]
+        rows.append([r["round"], r["gate"], f"{train['clips']} / {val['clips']}", f"{val['mismatch_rate']:.3f}",
+                     f"{val['critical_rate']:.3f}", f"{r['corrected_share_of_val_tokens']:.3f}",
+                     f"{auc(r['val_auc_before']['critical'])} -> {auc(r['val_auc_after']['critical'])}",
+                     f"{auc(r['val_auc_before']['mismatch'])} -> {auc(r['val_auc_after']['mismatch'])}",
+                     r.get("chosen_after", "–")])
+    return ("## DAgger rounds (gates stage)\n\nEach round decoded train and validation clips with the gate named "
+            "(at the promote budget), traced the captions the loop committed and trained the gates again with "
+            "them; the thresholds above come from the last round's validation traces. AUC: that gate on the "
+            "round's validation traces, before -> after training on the round (the chosen gate of the same "
+            "target after).\n\n"
+            + md_table(["round", "gate", "train / val clips", "val mismatch rate", "val critical rate",
+                        "val tokens the gate corrected", "AUC critical", "AUC mismatch", "chosen after"], rows) + "\n")
 
 
 def papers_seconds(m: dict, method: str) -> float:
