@@ -145,8 +145,14 @@ def _cmd_serve_cloud(args) -> int:
     limits = Limits(max_payload_bytes=args.max_payload_bytes, max_block=args.max_block,
                     max_sessions_per_client=args.max_sessions_per_client, idle_seconds=args.idle_seconds)
     torch.set_num_threads(args.threads)
-    cloud = load_role(load_params(args.params), "cloud")
-    serve(cloud, tokens, limits, args.host, args.port, args.certfile, args.keyfile, args.compute_slots)
+    params = load_params(args.params)
+    cloud = load_role(params, "cloud")
+    head = None
+    if args.wisv_head is not None or args.wisv:  # the head sessions opened with the wisv rule judge with
+        from .gating.wisv import load_head
+        from .pipeline.wisv import head_path
+        head = load_head(args.wisv_head or head_path(params))
+    serve(cloud, tokens, limits, args.host, args.port, args.certfile, args.keyfile, args.compute_slots, head)
     return 0
 
 
@@ -176,6 +182,9 @@ def _cmd_edge(args) -> int:
                                             args.qs_level or params.qs.level)
             if champion:
                 settings.gate = _champion_gate(params, args.threshold)
+            if args.rule == "wisv":  # the server holds the head; the edge sends tau, the channel and states
+                from .decoding.wisv import WISV
+                settings.rule = WISV(None, params.wisv.tau if args.tau is None else args.tau, params.wisv.protocol)
             rec = caption_remote(edge, client, info, mel, args.language, settings, Link(params.link, seed=args.seed),
                                  args.wire_dtype, args.wire_dtype, emulate=args.emulate_link)
             _print_caption(args, path, rec, "networked", clip.notes)
@@ -288,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a session unused this long is closed and its KV cache freed (default 120)")
     s.add_argument("--compute-slots", type=int, default=1, help="model calls run at once (default 1)")
     s.add_argument("--threads", type=int, default=4, help="CPU threads for the model (default 4)")
+    s.add_argument("--wisv", action="store_true", help="serve WISV verification with the head the wisv_head stage "
+                                                       "trained (models/wisv/head.pt)")
+    s.add_argument("--wisv-head", type=Path, help="serve WISV verification with this decision head")
     s.set_defaults(func=_cmd_serve_cloud)
 
     s = sub.add_parser("edge", help="caption audio files on the edge against a verifier server",

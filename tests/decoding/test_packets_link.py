@@ -53,7 +53,16 @@ def test_open_packet_roundtrip_and_float32_features():
         assert np.array_equal(req.features, exact)
     assert packets.parse_open(packets.open_packet(mel, "en", "greedy")).rank == 1  # greedy is rank 1
     with pytest.raises(packets.PacketError, match="cannot be verified"):
-        packets.open_packet(mel, "en", "wisv")
+        packets.open_packet(mel, "en", "pipelined")
+    # wisv: its tau in the temperature field, a probability
+    assert packets.parse_open(packets.open_packet(mel, "en", "wisv", 1, 0.3)).rule == "wisv"
+    with pytest.raises(packets.PacketError, match="bad rule settings"):
+        packets.parse_open(packets.open_packet(mel, "en", "wisv", 1, 1.5))
+    csi = packets.csi_payload(20.0, 100.0, 50.0, 0.01)
+    values, rest = packets.parse_csi(csi + b"xy")
+    assert values == pytest.approx((20.0, 100.0, 50.0, 0.01)) and rest == b"xy"
+    with pytest.raises(packets.PacketError, match="channel state"):
+        packets.parse_csi(csi[:10])
     bad = bytearray(packets.open_packet(mel, "en", "greedy"))
     bad[12] = 9  # unknown rule code
     with pytest.raises(packets.PacketError, match="rule code"):

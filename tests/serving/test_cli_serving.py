@@ -41,6 +41,38 @@ def test_serve_cloud_and_edge_commands(tiny_project, capsys, tmp_path, monkeypat
     assert "verifier for cloud:embedded" in out
 
 
+def test_edge_with_the_wisv_rule_against_serve_cloud_with_a_head(tiny_project, capsys, tmp_path):
+    # the server loads the head (--wisv-head), the edge sends tau, the channel state and the states;
+    # the caption is the in-process one (`speccap caption --rule wisv` with the same head)
+    import torch
+
+    from speccap.gating.wisv import DecisionHead, save_head
+    params, _, params_file = tiny_project
+    wav = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]["path"]
+    torch.manual_seed(0)
+    head = tmp_path / "head.pt"
+    save_head(DecisionHead(params.models.edge.size.text_hidden, 48), head, {})  # the tiny cloud is 48 wide
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    proc = subprocess.Popen(["speccap", "--params", str(params_file), "serve-cloud", "--port", str(port),
+                             "--token-file", str(token_file), "--threads", "1", "--wisv-head", str(head)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until_up(proc, url)
+        opts = [wav, "--gate", "always", "--block-len", "3", "--rule", "wisv", "--tau", "0.5", "--json"]
+        assert main(["--params", str(params_file), "edge", "--server", url, "--token-file", str(token_file),
+                     "--wire-dtype", "float32", *opts]) == 0
+        net = json.loads(capsys.readouterr().out)
+        assert main(["--params", str(params_file), "caption", *opts, "--mode", "ugsd", "--wisv-head", str(head)]) == 0
+        local = json.loads(capsys.readouterr().out)
+        assert net["caption"] == local["caption"] and net["fallback"] == 0 and net["rounds"] == local["rounds"]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
 def test_serve_cloud_refuses_to_run_without_a_token(tiny_project, capsys, monkeypatch):
     _, _, params_file = tiny_project
     monkeypatch.delenv("SPECCAP_TOKEN", raising=False)

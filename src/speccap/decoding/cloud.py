@@ -54,6 +54,18 @@ class CloudSession:
         returns (output, seconds) for each model call. A WISV rule also gets the edge's hidden states
         of the draft and the channel state `csi`. Returns the verdict, the compute seconds and the
         token positions the model ran over."""
+        rows, spent, positions = self.forward(sync, prefix, draft, measure)
+        if self.rule.needs_hidden:
+            verdict = self.rule.verify_hidden(list(draft), rows, edge_hidden, self.hidden, csi, eos)
+        else:
+            verdict = self.rule.verify(list(draft), rows, q or None, eos, self.rng)
+        self.conclude(draft, verdict)
+        return verdict, spent, positions
+
+    def forward(self, sync: list[int], prefix: list[int], draft: list[int], measure=timed):
+        """A round's first half: the forward, leaving `rows` (row i scores draft token i) and `hidden`.
+        Returns (rows, compute seconds, positions). The verifier server stops here when WISV must ask
+        the edge for hidden states first (the selective protocol), and concludes on the answer."""
         spent, positions = 0.0, 0
         if self.sess is None or not self.cache:
             dt, n = self.prefill(measure)
@@ -67,10 +79,9 @@ class CloudSession:
         rows = torch.cat([self.last[None], out.logits])[len(sync):]  # row i scores draft token i
         self.rows = rows
         self.hidden = out.hidden[len(sync):] if self.keep_hidden else None  # state after reading draft token i
-        if self.rule.needs_hidden:
-            verdict = self.rule.verify_hidden(list(draft), rows, edge_hidden, self.hidden, csi, eos)
-        else:
-            verdict = self.rule.verify(list(draft), rows, q or None, eos, self.rng)
+        return rows, spent, positions
+
+    def conclude(self, draft: list[int], verdict: Verdict) -> None:
+        """A round's second half: the cache cropped past the rejected tokens."""
         self.sess.rollback(len(draft) - verdict.accepted)
-        self.last = rows[verdict.accepted]
-        return verdict, spent, positions
+        self.last = self.rows[verdict.accepted]

@@ -339,14 +339,14 @@ class _Cloud:
         protocol = self._protocol(link, block, bits) if rule.needs_hidden else None
         up = _verify_upload(rule, session_id, seq, sync, block, bits)
         if protocol == "full":  # every drafted token's hidden state rides with the ids
-            up += _hidden_upload(session_id, seq, block, range(len(block)))
+            up += hidden_upload(session_id, seq, block, range(len(block)))
         _charge(rec, clock, link, "up", "verify", up)
         rec.synced += len(sync)
         verdict, dt = self.verify(sync, committed, block, eos, csi_of(link) if rule.needs_hidden else None)
         clock.virtual += dt
         if protocol == "selective" and verdict.asked:  # the cloud asks for the states at its mismatches
             _charge(rec, clock, link, "down", "mismatch", packets.mismatch_packet(session_id, seq, verdict.asked))
-            _charge(rec, clock, link, "up", "hidden", _hidden_upload(session_id, seq, block, verdict.asked))
+            _charge(rec, clock, link, "up", "hidden", hidden_upload(session_id, seq, block, verdict.asked))
             rec.hidden_requests += 1
         if rule.needs_hidden:
             rec.tolerated += verdict.tolerated
@@ -361,16 +361,20 @@ class _Cloud:
 
 
     def _protocol(self, link: Link, block: Block, bits: int) -> str:
-        """WISV's upload protocol for this round: the rule's, or with `auto` the one the link model
-        says is faster for the mismatches expected (the caption's running rate, prior 1 in 10)."""
-        if self.s.rule.protocol != "auto":
-            return self.s.rule.protocol
-        rate = (self.mismatches + 1) / (self.examined + 10)
-        d = next((h.shape[-1] for h in block.hidden if h is not None), 0)
-        return choose(link, len(block), d, rate * len(block), bits)
+        return wisv_protocol(self.s.rule, link, block, bits, self.mismatches, self.examined)
 
 
-def _hidden_upload(session_id: int, seq: int, block: Block, positions) -> bytes:
+def wisv_protocol(rule, link: Link, block: Block, bits: int, mismatches: int, examined: int) -> str:
+    """WISV's upload protocol for a round: the rule's, or with `auto` the one the link model says is
+    faster for the mismatches expected (the caption's running rate so far, prior 1 in 10)."""
+    if rule.protocol != "auto":
+        return rule.protocol
+    rate = (mismatches + 1) / (examined + 10)
+    d = next((h.shape[-1] for h in block.hidden if h is not None), 0)
+    return choose(link, len(block), d, rate * len(block), bits)
+
+
+def hidden_upload(session_id: int, seq: int, block: Block, positions) -> bytes:
     """A HIDDEN packet with the edge's states at `positions` (an end-of-caption token has none)."""
     pos = [i for i in positions if block.hidden[i] is not None]
     h = torch.stack([block.hidden[i] for i in pos]).numpy() if pos else np.zeros((0, 0), np.float16)

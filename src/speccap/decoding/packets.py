@@ -7,11 +7,16 @@ Wire format (version 1), little-endian, each packet = 12-byte header + body:
   VERDICT    body: bits u8 | accepted u16 | has_token u8 | bit-packed token id
   PIPELINED  body: bits u8 | epoch u16 | n_sync u16 | n_draft u16 | has_guess u8 |
              bit-packed token ids (sync, draft, then the guess)
-  OPEN       body: rule u8 (1 = rank, 2 = spec_sampling, 3 = qs, 4 = sq) | rank u16 | temperature f32 |
-             seed u64 | q dtype u8 (1 = float16, 2 = float32) | a whole FEATURES packet
+  OPEN       body: rule u8 (1 = rank, 2 = spec_sampling, 3 = qs, 4 = sq, 5 = wisv) | rank u16 |
+             temperature f32 (wisv: its tau) | seed u64 | q dtype u8 (1 = float16, 2 = float32) |
+             a whole FEATURES packet
 A VERIFY for a rule that needs the draft distributions is followed by them: spec_sampling, n_draft
 dense rows of V probabilities in the session's q dtype (V: the shared vocabulary size); qs / sq, the
-block's lattice level and each token's sparse lattice point (decoding/qs.py).
+block's lattice level and each token's sparse lattice point (decoding/qs.py); wisv, the channel state
+the edge's modem reports (CSI: uplink Mbps, downlink Mbps, RTT ms, packet error rate, 4 x f32), then,
+with the full-hidden protocol, a HIDDEN packet with the state of every draft token (selective: none;
+the cloud answers a MISMATCH naming the positions whose states it needs, and the edge sends a
+HIDDEN packet with those before the VERDICT comes).
 An OPEN packet starts a networked session (speccap.serving): the verification settings the cloud
 needs to run the same rule as the in-process loop, then the clip's features.
   HIDDEN     body: n u16 | d u16 | n positions u16 | n x d float16 (edge hidden states, for WISV)
@@ -43,7 +48,8 @@ _PIPELINED = struct.Struct("<BHHHB")
 _OPEN = struct.Struct("<BHfQB")
 LANGUAGES = ("en", "zh")
 DTYPES = {1: np.float16, 2: np.float32}  # wire code -> numpy dtype
-RULES = {1: "rank", 2: "spec_sampling", 3: "qs", 4: "sq"}
+RULES = {1: "rank", 2: "spec_sampling", 3: "qs", 4: "sq", 5: "wisv"}
+_CSI = struct.Struct("<4f")
 
 
 class PacketError(ValueError):
@@ -178,7 +184,7 @@ def open_packet(features: np.ndarray, language: str, rule: str, rank: int = 1, t
     codes = {v: k for k, v in RULES.items()}
     if rule not in codes:
         raise PacketError(f"rule {rule!r} cannot be verified over the network (expected greedy, rank, spec_sampling, "
-                          "qs or sq)")
+                          "qs, sq or wisv)")
     body = _OPEN.pack(codes[rule], rank, temperature, seed, dtype_code(q_dtype))
     return _header(OPEN, 0, 0) + body + features_packet(0, features, language, features_dtype)
 
@@ -203,10 +209,24 @@ def parse_open(data: bytes) -> OpenRequest:
     rule, rank, temperature, seed, q_dtype = _OPEN.unpack_from(data, _HEADER.size)
     if rule not in RULES or q_dtype not in DTYPES:
         raise PacketError(f"unknown rule code {rule} or q dtype code {q_dtype}")
-    if rank < 1 or not math.isfinite(temperature) or (RULES[rule] != "rank" and temperature <= 0):
+    if rank < 1 or not math.isfinite(temperature) or (RULES[rule] not in ("rank", "wisv") and temperature <= 0) \
+            or (RULES[rule] == "wisv" and not 0 <= temperature <= 1):
         raise PacketError(f"bad rule settings: rank {rank}, temperature {temperature}")
     _, mel, language = parse_features(data[_HEADER.size + _OPEN.size:])
     return OpenRequest(RULES[rule], rank, temperature, seed, np.dtype(DTYPES[q_dtype]).name, mel, language)
+
+
+def csi_payload(uplink_mbps: float, downlink_mbps: float, rtt_ms: float, per: float) -> bytes:
+    """WISV's channel state after a VERIFY's token ids (see the module doc)."""
+    return _CSI.pack(uplink_mbps, downlink_mbps, rtt_ms, per)
+
+
+def parse_csi(tail: bytes) -> tuple[tuple[float, float, float, float], bytes]:
+    """(uplink Mbps, downlink Mbps, RTT ms, packet error rate) and what follows them (a HIDDEN packet or nothing)."""
+    if len(tail) < _CSI.size:
+        raise PacketError(f"a wisv VERIFY needs the channel state ({_CSI.size} bytes) after the token ids, "
+                          f"got {len(tail)} bytes")
+    return _CSI.unpack_from(tail), tail[_CSI.size:]
 
 
 def verdict_packet(session: int, seq: int, accepted: int, token: int | None, bits: int) -> bytes:

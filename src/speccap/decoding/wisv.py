@@ -41,26 +41,39 @@ class WISV(Rule):
             raise ValueError(f"wisv: tau is a probability threshold in [0, 1], got {tau}")
         if protocol not in PROTOCOLS:
             raise ValueError(f"wisv: unknown upload protocol {protocol!r} (expected one of {PROTOCOLS})")
-        self.head, self.tau, self.protocol = head.eval(), float(tau), protocol
+        # head None: the edge's copy of the rule over the network (the server holds the head; the edge
+        # needs only tau and the upload protocol)
+        self.head, self.tau, self.protocol = (head.eval() if head is not None else None), float(tau), protocol
 
     def verify(self, draft, rows, q, eos, rng) -> Verdict:
         raise ValueError("wisv verifies with hidden states and the channel state: call verify_hidden")
 
+    @staticmethod
+    def questions(draft: list[int], rows: torch.Tensor, eos: int) -> list[int]:
+        """The draft positions whose edge hidden state the head needs: every mismatch up to the first
+        one it may not judge (an end-of-caption one). The selective protocol asks for these only."""
+        top = rows.argmax(dim=-1).tolist()
+        asked: list[int] = []
+        for i, tok in enumerate(draft):
+            if tok != top[i]:
+                if tok == eos or top[i] == eos:
+                    break
+                asked.append(i)
+        return asked
+
     def verify_hidden(self, draft: list[int], rows: torch.Tensor, edge_hidden: list, cloud_hidden: torch.Tensor,
                       csi: CSI | None, eos: int) -> Verdict:
+        """`edge_hidden[i]`: the edge's state after draft token i, needed at the `questions` positions
+        (None elsewhere is fine: what the selective protocol delivers)."""
         if edge_hidden is None or len(edge_hidden) != len(draft) or cloud_hidden is None:
             raise ValueError("wisv needs the edge's and the cloud's hidden state of every draft token")
         if csi is None:
             raise ValueError("wisv needs the channel state (CSI) of the round")
+        if self.head is None:
+            raise ValueError("wisv: this copy of the rule has no decision head (the verifier server holds it)")
         top = rows.argmax(dim=-1).tolist()
         ranks: list[int] = []
-        # the head's questions: every mismatch up to the first one it may not judge (an end-of-caption one)
-        asked: list[int] = []
-        for i, tok in enumerate(draft):
-            if tok != top[i]:
-                if tok == eos or top[i] == eos or edge_hidden[i] is None:
-                    break
-                asked.append(i)
+        asked = [i for i in self.questions(draft, rows, eos) if edge_hidden[i] is not None]
         p_reject = {}
         if asked:  # one batched call of the head for the whole block
             he = torch.stack([edge_hidden[i] for i in asked]).float()

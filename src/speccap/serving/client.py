@@ -122,6 +122,10 @@ class VerifierClient:
     def verify(self, session: int, packet: bytes) -> Exchange:
         return self.request("POST", f"/v1/sessions/{session}/verify", packet)
 
+    def hidden(self, session: int, packet: bytes) -> Exchange:
+        """WISV's selective protocol: the edge's states at the positions a MISMATCH answer named."""
+        return self.request("POST", f"/v1/sessions/{session}/hidden", packet)
+
     def end(self, session: int) -> bool:
         """Close a session; False when the server is gone or the session already was (harmless)."""
         try:

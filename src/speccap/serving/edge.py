@@ -16,10 +16,11 @@ import time
 import numpy as np
 
 from ..decoding import packets
-from ..decoding.engine import CaptionRecord, SpecSettings, _account, _Clock, blocking_loop
+from ..decoding.engine import CaptionRecord, SpecSettings, _account, _Clock, blocking_loop, hidden_upload, wisv_protocol
 from ..decoding.link import Link
 from ..decoding.stats import Block
 from ..decoding.verify import Verdict
+from ..decoding.wisv import csi_of
 from ..models.base import AudioLM
 from .client import CloudRefused, CloudUnavailable, VerifierClient
 
@@ -46,6 +47,8 @@ class RemoteCloud:
         self.failures = 0  # in a row
         self.down = False
         self.sess = None  # no local model session (keep_sessions)
+        # WISV: mismatches / examined tokens this caption, as far as the edge learns them (`auto`)
+        self.mismatches, self.examined, self._asked = 0, 0, 0
         rec.network = new_network_stats()
 
     # ---- the exchange and its books ----
@@ -74,9 +77,11 @@ class RemoteCloud:
         self.clock.virtual += ex.seconds
 
     def _open(self, link: Link) -> None:
-        packet = packets.open_packet(self.features, self.language, self.s.rule.name, getattr(self.s.rule, "r", 1),
-                                     getattr(self.s.rule, "temperature", 1.0), self.s.seed, self.q_dtype,
-                                     self.features_dtype)
+        rule = self.s.rule
+        # WISV: the server holds the head; its tau travels in the temperature field
+        temperature = rule.tau if rule.needs_hidden else getattr(rule, "temperature", 1.0)
+        packet = packets.open_packet(self.features, self.language, rule.name, getattr(rule, "r", 1),
+                                     temperature, self.s.seed, self.q_dtype, self.features_dtype)
         self._packet(link, "up", "features", packet)
         self.sid, ex = self.client.open(packet)
         self._book(ex)
@@ -111,11 +116,20 @@ class RemoteCloud:
         if rule.needs_q:  # Q-S: its sparse lattice; speculative sampling: dense rows in the wire dtype
             packet += rule.q_payload(block.q) if rule.edge_distribution is not None else packets.q_payload(
                 block.q, self.q_dtype)
+        protocol = None
+        if rule.needs_hidden:  # WISV: the channel state, and with the full protocol every draft state
+            protocol = wisv_protocol(rule, link, block, bits, self.mismatches, self.examined)
+            csi = csi_of(link)
+            packet += packets.csi_payload(csi.uplink_mbps, csi.downlink_mbps, csi.rtt_ms, csi.per)
+            if protocol == "full":
+                packet += hidden_upload(self.sid, self.seq + 1, block, range(len(block)))
         self._packet(link, "up", "verify", packet)
         ex = self.client.verify(self.sid, packet)
         self._book(ex)
         self.rec.network["verify_rtts"].append(ex.seconds)
         self.seq += 1
+        if rule.needs_hidden:
+            ex = self._wisv_answer(link, block, ex)
         try:
             sid, seq, accepted, token = packets.parse_verdict(ex.body)
         except packets.PacketError as exc:
@@ -129,7 +143,35 @@ class RemoteCloud:
         self.failures = 0
         # the ranks are not sent back; the record only needs how many positions were examined
         checked = accepted + 1 if accepted < len(block) else len(block)
+        if rule.needs_hidden:
+            self.examined += checked
+            self.mismatches += max(self._asked, int(accepted < len(block)))
         return Verdict(accepted, token, accepted < len(block), [0] * checked)
+
+    def _wisv_answer(self, link: Link, block: Block, ex):
+        """A MISMATCH answer (selective protocol): send the states it names, return the VERDICT's exchange."""
+        self._asked = 0
+        try:
+            kind, _, _ = packets.parse_header(ex.body)
+        except packets.PacketError as exc:
+            raise CloudUnavailable(f"unreadable answer: {exc}") from None
+        if kind != packets.MISMATCH:
+            return ex
+        try:
+            sid, seq, asked = packets.parse_mismatch(ex.body)
+        except packets.PacketError as exc:
+            raise CloudUnavailable(f"unreadable MISMATCH: {exc}") from None
+        if sid != self.sid or seq != self.seq or any(not 0 <= i < len(block) for i in asked):
+            raise CloudUnavailable(f"MISMATCH for session {sid} seq {seq} positions {asked} does not answer "
+                                   f"session {self.sid} seq {self.seq}")
+        self._asked = len(asked)
+        self._packet(link, "down", "mismatch", ex.body)
+        packet = hidden_upload(self.sid, self.seq, block, asked)
+        self._packet(link, "up", "hidden", packet)
+        answer = self.client.hidden(self.sid, packet)
+        self._book(answer)
+        self.rec.hidden_requests += 1
+        return answer
 
     def _fail(self, reason: str) -> None:
         """The block stays on the edge; the session is given up (its cache may hold the block)."""

@@ -31,15 +31,18 @@ from dataclasses import asdict
 from pathlib import Path
 
 import anyio
+import numpy as np
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from ..decoding import packets
-from ..decoding.cloud import CloudSession
+from ..decoding.cloud import CloudSession, timed
 from ..decoding.qs import unpack_block
 from ..decoding.verify import make_rule
+from ..decoding.wisv import WISV
+from ..gating.wisv import CSI
 from ..models.base import AudioLM
 from .sessions import Limits, ServingError, SessionStore
 
@@ -112,9 +115,10 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), compute_slots: int = 1,
-               reap_every: float | None = None) -> FastAPI:
+               reap_every: float | None = None, wisv_head=None) -> FastAPI:
     """The verifier app around one loaded cloud model. `compute_slots`: model calls run at once
-    (each in a worker thread; 1 serializes them, which is what one CPU model wants)."""
+    (each in a worker thread; 1 serializes them, which is what one CPU model wants). `wisv_head`:
+    the WISV decision head (gating.wisv.DecisionHead) sessions with the wisv rule judge with."""
     if not tokens:
         raise ValueError("the verifier server needs at least one bearer token")
     store = SessionStore(limits)
@@ -189,8 +193,13 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
             raise ServingError(422, f"features have {req.features.shape[0]} mel bands, the model takes {n_mels}")
         if req.features.shape[1] < 1:
             raise ServingError(422, "features hold no frames")
-        cloud = CloudSession(lm, req.features.astype("float32"), req.language,
-                             make_rule(req.rule, req.rank, req.temperature), req.seed)
+        if req.rule == "wisv":
+            if wisv_head is None:
+                raise ServingError(422, "this server holds no WISV head (start it with --wisv-head)")
+            rule = WISV(wisv_head, req.temperature)  # the OPEN packet's temperature field is WISV's tau
+        else:
+            rule = make_rule(req.rule, req.rank, req.temperature)
+        cloud = CloudSession(lm, req.features.astype("float32"), req.language, rule, req.seed)
         session = store.open(client, cloud)
         session.q_dtype = req.q_dtype
         try:
@@ -221,9 +230,13 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
             bad = [t for t in sync + draft if t >= vocab]
             if bad:
                 raise ServingError(422, f"token id {bad[0]} is outside the model's vocabulary of {vocab}")
-            q = None
+            if session.pending is not None:
+                raise ServingError(409, f"session {sid} waits for the HIDDEN packet of round {session.pending[0]}")
+            q, csi, hidden = None, None, None
             rule = session.cloud.rule
-            if rule.needs_q:
+            if rule.needs_hidden:  # wisv: the channel state, then the full protocol's states (or none)
+                csi, hidden = _wisv_tail(tail, sid, seq, len(draft))
+            elif rule.needs_q:
                 try:
                     if rule.edge_distribution is not None:  # qs / sq: the sparse lattice points
                         rule.level, q = unpack_block(tail, len(draft), vocab)
@@ -239,9 +252,17 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
 
             def run():
                 queued["s"] = time.perf_counter() - t0
-                return session.cloud.verify(sync, [], draft, q, eos)
+                if rule.needs_hidden and hidden is None:  # selective: the forward, then ask unless nothing to ask
+                    rows, spent, _ = session.cloud.forward(sync, [], draft)
+                    asked = rule.questions(draft, rows, eos)
+                    if asked:
+                        session.pending = (seq, list(draft), csi, asked, spent)
+                        return None, spent, asked
+                    return _judge(session, draft, [None] * len(draft), csi), spent, None
+                verdict, spent, _ = session.cloud.verify(sync, [], draft, q, eos, edge_hidden=hidden, csi=csi)
+                return verdict, spent, None
             try:
-                verdict, compute, _ = await in_thread(run)
+                verdict, compute, asked = await in_thread(run)
             except Exception as exc:  # noqa: BLE001 - one session's failure must not take the server down
                 store.drop(sid)
                 stats["failed"] += 1
@@ -249,16 +270,94 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
                 raise ServingError(500, f"verification failed ({type(exc).__name__}); session {sid} closed, "
                                         f"open a new one") from None
             session.last_seq = seq
-            session.rounds += 1
-            session.verified_tokens += len(draft)
             session.last_used = store.clock()
-            stats["verified_rounds"] += 1
-            stats["verified_tokens"] += len(draft)
+            if asked is not None:  # the round goes on when the states come (POST .../hidden)
+                return Response(packets.mismatch_packet(sid, seq, asked), media_type="application/octet-stream",
+                                headers={"X-Speccap-Compute": f"{compute:.6f}",
+                                         "X-Speccap-Queue": f"{queued['s']:.6f}"})
+            _count_round(session, len(draft))
         finally:
             session.lock.release()
         out = packets.verdict_packet(sid, seq, verdict.accepted, verdict.token, packets.id_bits(vocab))
         return Response(out, media_type="application/octet-stream",
                         headers={"X-Speccap-Compute": f"{compute:.6f}", "X-Speccap-Queue": f"{queued['s']:.6f}"})
+
+    @app.post("/v1/sessions/{sid}/hidden")
+    async def hidden_states(sid: int, request: Request):
+        """WISV's selective protocol, second half: the edge's states at the positions the MISMATCH
+        named; the round concludes and the VERDICT comes back."""
+        client = client_of(request)
+        body = await _read_body(request, limits.max_payload_bytes)
+        session = store.get(client, sid)
+        try:
+            packet_sid, seq, positions, states = packets.parse_hidden(body)
+        except packets.PacketError as exc:
+            raise ServingError(400, f"malformed HIDDEN packet: {exc}") from None
+        if not session.lock.acquire(blocking=False):
+            raise ServingError(409, f"session {sid} is verifying another packet; send one block at a time")
+        try:
+            pending = session.pending
+            if pending is None or packet_sid != sid or seq != pending[0]:
+                raise ServingError(409, f"session {sid} asked for no hidden states of round {seq}")
+            _, draft, csi, asked, spent = pending
+            if sorted(positions) != sorted(asked):
+                raise ServingError(422, f"HIDDEN packet holds positions {positions}, the cloud asked for {asked}")
+            edge_hidden = [None] * len(draft)
+            for i, h in zip(positions, states):
+                edge_hidden[i] = torch.from_numpy(np.asarray(h, dtype=np.float32))
+            t0 = time.perf_counter()
+            try:
+                verdict, dt = await in_thread(lambda: timed(_judge, session, draft, edge_hidden, csi))
+            except Exception as exc:  # noqa: BLE001 - as in verify
+                store.drop(sid)
+                stats["failed"] += 1
+                log.exception("verification failed in session %d; session closed", sid)
+                raise ServingError(500, f"verification failed ({type(exc).__name__}); session {sid} closed, "
+                                        f"open a new one") from None
+            session.pending = None
+            session.last_used = store.clock()
+            _count_round(session, len(draft))
+        finally:
+            session.lock.release()
+        out = packets.verdict_packet(sid, seq, verdict.accepted, verdict.token, packets.id_bits(vocab))
+        return Response(out, media_type="application/octet-stream",
+                        headers={"X-Speccap-Compute": f"{dt:.6f}",
+                                 "X-Speccap-Queue": f"{max(time.perf_counter() - t0 - dt, 0.0):.6f}"})
+
+    def _count_round(session, n_draft: int) -> None:
+        session.rounds += 1
+        session.verified_tokens += n_draft
+        stats["verified_rounds"] += 1
+        stats["verified_tokens"] += n_draft
+
+    def _judge(session, draft: list[int], edge_hidden: list, csi):
+        """WISV's verdict on the round's forward (rows and cloud states kept by the session), then
+        the cache cropped past the rejected tokens."""
+        verdict = session.cloud.rule.verify_hidden(list(draft), session.cloud.rows, edge_hidden,
+                                                   session.cloud.hidden, csi, eos)
+        session.cloud.conclude(draft, verdict)
+        return verdict
+
+    def _wisv_tail(tail: bytes, sid: int, seq: int, n_draft: int):
+        """The channel state and, with the full protocol, every draft token's hidden state."""
+        try:
+            values, rest = packets.parse_csi(tail)
+            csi = CSI(*values)
+        except (packets.PacketError, ValueError) as exc:
+            raise ServingError(400, f"bad channel state in a wisv VERIFY: {exc}") from None
+        if not rest:
+            return csi, None
+        try:
+            h_sid, h_seq, positions, states = packets.parse_hidden(rest)
+        except packets.PacketError as exc:
+            raise ServingError(400, f"malformed HIDDEN packet after the channel state: {exc}") from None
+        if (h_sid, h_seq) != (sid, seq) or any(not 0 <= i < n_draft for i in positions):
+            raise ServingError(422, f"HIDDEN packet for session {h_sid} round {h_seq} positions {positions} does "
+                                    f"not belong to this VERIFY (session {sid} round {seq}, {n_draft} tokens)")
+        hidden = [None] * n_draft
+        for i, h in zip(positions, states):
+            hidden[i] = torch.from_numpy(np.asarray(h, dtype=np.float32))
+        return csi, hidden
 
     @app.delete("/v1/sessions/{sid}", status_code=204)
     async def close_session(sid: int, request: Request):
@@ -314,7 +413,7 @@ class BackgroundServer:
 
 
 def serve(lm: AudioLM, tokens: dict[str, str], limits: Limits, host: str = "127.0.0.1", port: int = 8765,
-          certfile: str | None = None, keyfile: str | None = None, compute_slots: int = 1) -> None:
+          certfile: str | None = None, keyfile: str | None = None, compute_slots: int = 1, wisv_head=None) -> None:
     """Run the verifier in the foreground until interrupted (`speccap serve-cloud`)."""
     import uvicorn
     if bool(certfile) != bool(keyfile):
@@ -324,7 +423,7 @@ def serve(lm: AudioLM, tokens: dict[str, str], limits: Limits, host: str = "127.
             raise FileNotFoundError(f"TLS file {f} not found")
     if not certfile and host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without TLS: the bearer token and features cross the network in clear", host)
-    app = create_app(lm, tokens, limits, compute_slots)
+    app = create_app(lm, tokens, limits, compute_slots, wisv_head=wisv_head)
     sock = listen_socket(host, port)
     log.info("verifier for %s on %s://%s:%d", getattr(lm, "name", "cloud"), "https" if certfile else "http", host,
              sock.getsockname()[1])

@@ -54,6 +54,9 @@ class Session:
     rounds: int = 0
     verified_tokens: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # WISV's selective protocol: a round waiting for the edge's hidden states at `asked`
+    # (seq, draft, csi, asked, compute seconds so far); the next request must be that HIDDEN packet
+    pending: tuple | None = None
 
 
 class SessionStore:

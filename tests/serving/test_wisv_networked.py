@@ -1,0 +1,110 @@
+"""WISV over the network: the server holds the head, each VERIFY carries the edge's channel state,
+and the selective protocol's mid-round exchange (MISMATCH down, HIDDEN up) runs over HTTP. The
+networked captions are the in-process ones, for every upload protocol."""
+
+import copy
+
+import pytest
+import torch
+
+from speccap.decoding.engine import speculative
+from speccap.decoding.wisv import WISV
+from speccap.gating.wisv import DecisionHead
+from speccap.serving.edge import caption_remote, check_compatible
+
+from .conftest import Fixed, link, settings
+
+D = 32  # the tiny models' hidden size
+TAU = 0.5
+
+
+class SignHead(DecisionHead):
+    """A head with a known answer: repair when the edge's state leans one way, tolerate otherwise
+    (the tiny random models' states lean both ways), more readily on a fast uplink."""
+
+    def __init__(self):
+        super().__init__(D, D)
+
+    def forward(self, h_edge, h_cloud, csi):
+        return torch.sigmoid(20 * h_edge[:, 0] + csi[:, 0])
+
+
+@pytest.fixture(scope="module")
+def head():
+    return SignHead().eval()
+
+
+def _wisv_settings(rule):
+    s = settings(gate="always", rule="greedy", policy=Fixed(4))
+    s.rule = rule
+    return s
+
+
+def _packets(rec, kind):
+    return [p["bytes"] for p in rec.packets if p["kind"] == kind]
+
+
+@pytest.mark.parametrize("protocol", ["full", "selective", "auto"])
+def test_networked_wisv_captions_equal_in_process(pair, clips, serve, client_for, head, protocol):
+    edge, cloud = pair
+    client = client_for(serve(wisv_head=head))
+    info = client.info()
+    check_compatible(edge, info)
+    tolerated = asked = 0
+    for _, mel in clips:
+        ref = speculative(edge, cloud, mel, "en", _wisv_settings(WISV(copy.deepcopy(head), TAU, protocol)), link())
+        got = caption_remote(edge, client, info, mel, "en", _wisv_settings(WISV(None, TAU, protocol)), link(),
+                             "float32", "float32")
+        assert got.token_ids == ref.token_ids
+        assert (got.rounds, got.accepted, got.corrected, got.bonus) == (ref.rounds, ref.accepted, ref.corrected,
+                                                                       ref.bonus)
+        net = got.network
+        assert net["fallback"] == 0
+        # one OPEN, one VERIFY per round, and one HIDDEN request per round whose mismatches the head judged
+        assert net["requests"] == 1 + got.rounds + got.hidden_requests
+        tolerated += ref.tolerated
+        if protocol == "full":
+            assert got.hidden_requests == 0
+            # the states ride with the ids, as in-process; the channel state adds 16 bytes a round
+            assert sum(_packets(got, "verify")) == sum(_packets(ref, "verify")) + 16 * got.rounds
+        if protocol == "selective":
+            # the same exchange as the in-process accounting: the MISMATCH names the positions, the
+            # HIDDEN packet holds exactly those states
+            assert got.hidden_requests == ref.hidden_requests
+            assert _packets(got, "mismatch") == _packets(ref, "mismatch")
+            assert _packets(got, "hidden") == _packets(ref, "hidden")
+            asked += got.hidden_requests
+        assert net["link_model_time"] == pytest.approx(sum(p["seconds"] for p in got.packets))
+    assert tolerated > 0  # the head let mismatches through: the captions are not greedy verification's
+    if protocol == "selective":
+        assert asked > 0
+    assert client.health()["sessions"] == 0
+
+
+def test_a_server_without_a_head_refuses_wisv_and_the_edge_keeps_the_caption(pair, clips, serve, client_for):
+    edge, _ = pair
+    client = client_for(serve())
+    info = client.info()
+    mel = clips[0][1]
+    got = caption_remote(edge, client, info, mel, "en", _wisv_settings(WISV(None, TAU, "full")), link())
+    assert got.caption and got.network["fallback"] > 0
+    assert "no WISV head" in got.network["fallback_reasons"][0]
+
+
+def test_the_hidden_states_must_answer_the_question(pair, clips, serve, client_for, head):
+    # a HIDDEN packet that was not asked for, or with other positions, is refused clearly
+    from speccap.decoding import packets
+    from speccap.serving.client import CloudRefused
+    edge, _ = pair
+    client = client_for(serve(wisv_head=head))
+    mel = clips[0][1]
+    sid, _ = client.open(packets.open_packet(mel, "en", "wisv", 1, TAU, 0, "float32", "float32"))
+    import numpy as np
+    with pytest.raises(CloudRefused, match="asked for no hidden states"):
+        client.hidden(sid, packets.hidden_packet(sid, 1, [0], np.zeros((1, D), np.float16)))
+    with pytest.raises(CloudRefused, match="channel state"):
+        client.verify(sid, packets.verify_packet(sid, 1, [], [5, 6], packets.id_bits(info_vocab(client))))
+
+
+def info_vocab(client) -> int:
+    return client.info()["vocab_size"]
