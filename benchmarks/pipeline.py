@@ -1,11 +1,13 @@
 """Wall time of the whole pipeline, stage by stage: `dvc repro` from a clean clone, then a no-op one.
 
     python benchmarks/pipeline.py [--profile default|ci] [--out reports/pipeline] [--keep DIR]
+    python benchmarks/pipeline.py --render reports/pipeline.json [--before OLD.json]   # tables again
 
 Clones this repository (its committed HEAD) into a temporary folder (or DIR, kept), runs the
 README's main job there (`make repro`, the set-up being already done on this machine) with an
 EMPTY numba cache, as on a new machine, and times every stage from DVC's own output, then times a
 second `dvc repro` that must find nothing to do. Targets: under 30 minutes, under 15 seconds.
+The run before (the report found at --out, or --before) sits next to it, stage by stage.
 """
 
 from __future__ import annotations
@@ -51,7 +53,17 @@ def main() -> None:
     ap.add_argument("--profile", default="default")
     ap.add_argument("--out", type=Path, default=Path("reports/pipeline"))
     ap.add_argument("--keep", type=Path, help="clone into this folder and keep it (default: a temporary one)")
+    ap.add_argument("--before", type=Path, help="an earlier run's JSON to compare with (default: the one at --out)")
+    ap.add_argument("--render", type=Path, help="only write the Markdown of this JSON (with --before), no run")
     args = ap.parse_args()
+    if args.render:
+        result = json.loads(args.render.read_text())
+        before = json.loads(args.before.read_text()) if args.before else None
+        args.render.with_suffix(".md").write_text(render(result, before))
+        print(render(result, before))
+        return
+    old = args.before or args.out.with_suffix(".json")
+    before = json.loads(old.read_text()) if old.exists() else None
     repo = Path(__file__).resolve().parents[1]
     tmp = None if args.keep else tempfile.mkdtemp(prefix="speccap-bench-")
     clone = args.keep or Path(tmp) / "speccap"
@@ -84,17 +96,32 @@ def main() -> None:
               "targets": {"dvc_repro_seconds": 1800, "noop_dvc_repro_seconds": 15}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    rows = "".join(f"| {s['stage']} | {s['seconds']:.0f} |\n" for s in stages)
-    md = (f"# Pipeline wall time\n\nMade by `{result['command']}` at commit {commit} on {result['cpus']} CPUs "
-          f"({result['machine']}), profile `{args.profile}`, from a clean clone (set-up already installed) and an "
-          f"empty numba cache.\n\n"
-          f"| run | seconds | target |\n|---|---|---|\n"
-          f"| `dvc repro`, all stages | {full:.0f} ({full / 60:.1f} min) | < 1800 |\n"
-          f"| no-op `dvc repro` | {noop:.1f} | < 15 |\n\n"
-          f"## Per stage (wall seconds, from DVC starting the stage to starting the next)\n\n"
-          f"| stage | seconds |\n|---|---|\n{rows}")
+    md = render(result, before)
     args.out.with_suffix(".md").write_text(md)
     print(md)
+
+
+def render(result: dict, before: dict | None = None) -> str:
+    """The report's Markdown: totals against the targets, and each stage's seconds (next to the run
+    `before`, when given)."""
+    full, noop = result["dvc_repro_seconds"], result["noop_dvc_repro_seconds"]
+    was = {s["stage"]: s["seconds"] for s in before["stages"]} if before else {}
+    if before:
+        head = f"| stage | seconds | before (commit {before['commit']}) |\n|---|---|---|\n"
+        rows = "".join(f"| {s['stage']} | {s['seconds']:.0f} | "
+                       f"{'–' if s['stage'] not in was else format(was[s['stage']], '.0f')} |\n"
+                       for s in result["stages"])
+        rows += f"| **all** | **{full:.0f}** | **{before['dvc_repro_seconds']:.0f}** |\n"
+    else:
+        head = "| stage | seconds |\n|---|---|\n"
+        rows = "".join(f"| {s['stage']} | {s['seconds']:.0f} |\n" for s in result["stages"])
+    return (f"# Pipeline wall time\n\nMade by `{result['command']}` at commit {result['commit']} on {result['cpus']} "
+            f"CPUs ({result['machine']}), profile `{result['profile']}`, from a clean clone (set-up already installed) "
+            f"and an empty numba cache.\n\n"
+            f"| run | seconds | target |\n|---|---|---|\n"
+            f"| `dvc repro`, all stages | {full:.0f} ({full / 60:.1f} min) | < 1800 |\n"
+            f"| no-op `dvc repro` | {noop:.1f} | < 15 |\n\n"
+            f"## Per stage (wall seconds, from DVC starting the stage to starting the next)\n\n{head}{rows}")
 
 
 if __name__ == "__main__":
