@@ -59,12 +59,13 @@ def free_port() -> int:
 class Server:
     """`speccap serve-cloud` in a subprocess (optionally inside a network namespace)."""
 
-    def __init__(self, params_path, token: str, host="127.0.0.1", port=None, netns=None, idle_seconds=120.0):
+    def __init__(self, params_path, token: str, host="127.0.0.1", port=None, netns=None, idle_seconds=120.0,
+                 extra: tuple[str, ...] = ()):
         self.host, self.port = host, port or free_port()
         self.url = f"http://{host}:{self.port}"
         cmd = [shutil.which("speccap") or "speccap", "--params", str(params_path), "serve-cloud", "--host", host,
                "--port", str(self.port), "--threads", "1", "--idle-seconds", str(idle_seconds),
-               "--max-sessions-per-client", "256"]
+               "--max-sessions-per-client", "256", *extra]
         if netns:
             cmd = ["ip", "netns", "exec", netns] + cmd
         self.log = open(f"/tmp/speccap-serve-{self.port}.log", "w")
@@ -153,16 +154,30 @@ def section_faults(params_path, token, edge, jobs, make_settings, link_cfg) -> d
     return result
 
 
-def section_shaped(params_path, token, edge, clips, make_settings, info_check) -> dict | None:
-    script = ROOT / "scripts" / "netem_link.sh"
+NETEM = ROOT / "scripts" / "netem_link.sh"
+
+
+def shaped_link_up(up_mbit: int = 2, down_mbit: int = 10) -> tuple[str | None, str]:
+    """Bring up the namespace link (the server's side is namespace sc-cloud at 10.77.0.2). Returns
+    (why it is skipped, or None; what the script said). Take it down with shaped_link_down()."""
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-        return {"skipped": "needs root, iproute2 and tc"}
-    subprocess.run([str(script), "down"], capture_output=True)
-    up = subprocess.run([str(script), "up", "--rtt-ms", "0", "--up-mbit", "2", "--down-mbit", "10"],
+        return "needs root, iproute2 and tc", ""
+    shaped_link_down()
+    up = subprocess.run([str(NETEM), "up", "--rtt-ms", "0", "--up-mbit", str(up_mbit), "--down-mbit", str(down_mbit)],
                         capture_output=True, text=True)
     if up.returncode != 0:
-        return {"skipped": f"network namespaces unavailable: {up.stderr.strip()[:200]}"}
-    note = up.stderr.strip()
+        return f"network namespaces unavailable: {up.stderr.strip()[:200]}", ""
+    return None, up.stderr.strip()
+
+
+def shaped_link_down() -> None:
+    subprocess.run([str(NETEM), "down"], capture_output=True)
+
+
+def section_shaped(params_path, token, edge, clips, make_settings, info_check) -> dict | None:
+    skipped, note = shaped_link_up()
+    if skipped:
+        return {"skipped": skipped}
     try:
         srv = Server(params_path, token, host="10.77.0.2", netns="sc-cloud")
         link_cfg = LinkConfig(name="shaped", uplink_mbps=2.0, downlink_mbps=10.0, rtt_ms=0.0, overhead_bytes=0)
@@ -180,7 +195,7 @@ def section_shaped(params_path, token, edge, clips, make_settings, info_check) -
                              "requests": n["requests"]})
         srv.stop()
     finally:
-        subprocess.run([str(script), "down"], capture_output=True)
+        shaped_link_down()
     return {"note": note, "uplink_mbit": 2, "downlink_mbit": 10, "clips": len(rows), "rows": rows,
             "measured_s": mean([r["measured"] for r in rows]), "predicted_s": mean([r["predicted"] for r in rows]),
             "predicted_http_s": mean([r["predicted_http"] for r in rows])}

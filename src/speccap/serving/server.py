@@ -256,7 +256,7 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
                     rows, spent, _ = session.cloud.forward(sync, [], draft)
                     asked = rule.questions(draft, rows, eos)
                     if asked:
-                        session.pending = (seq, list(draft), csi, asked, spent)
+                        session.pending = (seq, list(draft), csi, asked)
                         return None, spent, asked
                     return _judge(session, draft, [None] * len(draft), csi), spent, None
                 verdict, spent, _ = session.cloud.verify(sync, [], draft, q, eos, edge_hidden=hidden, csi=csi)
@@ -264,11 +264,7 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
             try:
                 verdict, compute, asked = await in_thread(run)
             except Exception as exc:  # noqa: BLE001 - one session's failure must not take the server down
-                store.drop(sid)
-                stats["failed"] += 1
-                log.exception("verification failed in session %d; session closed", sid)
-                raise ServingError(500, f"verification failed ({type(exc).__name__}); session {sid} closed, "
-                                        f"open a new one") from None
+                raise _session_failed(sid, exc) from None
             session.last_seq = seq
             session.last_used = store.clock()
             if asked is not None:  # the round goes on when the states come (POST .../hidden)
@@ -299,21 +295,15 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
             pending = session.pending
             if pending is None or packet_sid != sid or seq != pending[0]:
                 raise ServingError(409, f"session {sid} asked for no hidden states of round {seq}")
-            _, draft, csi, asked, spent = pending
+            _, draft, csi, asked = pending
             if sorted(positions) != sorted(asked):
                 raise ServingError(422, f"HIDDEN packet holds positions {positions}, the cloud asked for {asked}")
-            edge_hidden = [None] * len(draft)
-            for i, h in zip(positions, states):
-                edge_hidden[i] = torch.from_numpy(np.asarray(h, dtype=np.float32))
+            edge_hidden = _states(positions, states, len(draft))
             t0 = time.perf_counter()
             try:
                 verdict, dt = await in_thread(lambda: timed(_judge, session, draft, edge_hidden, csi))
             except Exception as exc:  # noqa: BLE001 - as in verify
-                store.drop(sid)
-                stats["failed"] += 1
-                log.exception("verification failed in session %d; session closed", sid)
-                raise ServingError(500, f"verification failed ({type(exc).__name__}); session {sid} closed, "
-                                        f"open a new one") from None
+                raise _session_failed(sid, exc) from None
             session.pending = None
             session.last_used = store.clock()
             _count_round(session, len(draft))
@@ -323,6 +313,20 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
         return Response(out, media_type="application/octet-stream",
                         headers={"X-Speccap-Compute": f"{dt:.6f}",
                                  "X-Speccap-Queue": f"{max(time.perf_counter() - t0 - dt, 0.0):.6f}"})
+
+    def _session_failed(sid: int, exc: Exception) -> ServingError:
+        """A failed model call closes its session (never the server); the client is told to reopen."""
+        store.drop(sid)
+        stats["failed"] += 1
+        log.exception("verification failed in session %d; session closed", sid)
+        return ServingError(500, f"verification failed ({type(exc).__name__}); session {sid} closed, open a new one")
+
+    def _states(positions: list[int], states, n_draft: int) -> list:
+        """A HIDDEN packet's states as the rule takes them: one per draft position, None where not sent."""
+        hidden = [None] * n_draft
+        for i, h in zip(positions, states):
+            hidden[i] = torch.from_numpy(np.asarray(h, dtype=np.float32))
+        return hidden
 
     def _count_round(session, n_draft: int) -> None:
         session.rounds += 1
@@ -354,10 +358,7 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
         if (h_sid, h_seq) != (sid, seq) or any(not 0 <= i < n_draft for i in positions):
             raise ServingError(422, f"HIDDEN packet for session {h_sid} round {h_seq} positions {positions} does "
                                     f"not belong to this VERIFY (session {sid} round {seq}, {n_draft} tokens)")
-        hidden = [None] * n_draft
-        for i, h in zip(positions, states):
-            hidden[i] = torch.from_numpy(np.asarray(h, dtype=np.float32))
-        return csi, hidden
+        return csi, _states(positions, states, n_draft)
 
     @app.delete("/v1/sessions/{sid}", status_code=204)
     async def close_session(sid: int, request: Request):

@@ -55,7 +55,7 @@ class Session:
     verified_tokens: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     # WISV's selective protocol: a round waiting for the edge's hidden states at `asked`
-    # (seq, draft, csi, asked, compute seconds so far); the next request must be that HIDDEN packet
+    # (seq, draft, csi, asked); the next request must be that HIDDEN packet
     pending: tuple | None = None
 
 
