@@ -11,11 +11,19 @@ PAIRS = (("cloud", "edge"), ("ugsd", "edge"), ("cloud", "ugsd"))
 
 
 def format_ci(d: dict | None, signed: bool = False) -> str:
-    """'71.1 [69.9, 72.3]' (or '+8.4 [+7.0, +9.8]' signed) from {value, ci_low, ci_high}."""
-    if d is None:
+    """'71.1 [69.9, 72.3]' (or '+8.4 [+7.0, +9.8]' signed) from {value, ci_low, ci_high}; the value
+    alone when there is no interval (older summaries)."""
+    if d is None or d.get("value") is None:
         return "–"
     f = "{:+.1f}" if signed else "{:.1f}"
+    if d.get("ci_low") is None:
+        return f.format(d["value"])
     return f"{f.format(d['value'])} [{f.format(d['ci_low'])}, {f.format(d['ci_high'])}]"
+
+
+def metric_ci(metrics: dict, key: str) -> dict:
+    """{value, ci_low, ci_high} of a summary's figure from its `<key>_ci_low` / `<key>_ci_high`."""
+    return {"value": metrics.get(key), "ci_low": metrics.get(f"{key}_ci_low"), "ci_high": metrics.get(f"{key}_ci_high")}
 
 
 def _stats(config: dict | None) -> ClipStats | None:

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..config import Params  # noqa: E402
 from .markdown import md_table  # noqa: E402
-from .quality_table import quality_with_intervals  # noqa: E402
+from .quality_table import format_ci, metric_ci, quality_with_intervals  # noqa: E402
 
 QUALITY = (("bleu1", "BLEU-1"), ("bleu4", "BLEU-4"), ("meteor", "METEOR"), ("rouge_l", "ROUGE-L"))
 EFFICIENCY = (("ttft", "TTFT s"), ("itps", "ITPS /s"), ("otps", "OTPS /s"), ("oet", "OET s"),
@@ -34,14 +34,6 @@ def _at_default_gate(c: dict, params: Params) -> bool:
     d = params.decode
     return (c["method"] == "ugsd" and c["gate"] == d.gate
             and (d.gate in ("never", "always") or abs((c["threshold"] or 0) - d.threshold) < 1e-9))
-
-
-def _with_ci(c: dict, key: str) -> str:
-    m = c["metrics"]
-    if m.get(key) is None:
-        return "–"
-    ci = f" [{m[key + '_ci_low']:.1f}, {m[key + '_ci_high']:.1f}]" if key + "_ci_low" in m else ""
-    return f"{m[key]:.1f}{ci}"
 
 
 def _clips_note(params: Params) -> str:
@@ -123,7 +115,7 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
 
     # L sweep at the default gate
     lsweep = sorted([c for c in ugsd if _at_default_gate(c, params)], key=lambda c: (c["language"], c["block_len"] or 999))
-    rows = [[c["language"], "adaptive" if c["block_len"] == 0 else c["block_len"], c.get("clips"), _with_ci(c, "bleu1")] +
+    rows = [[c["language"], "adaptive" if c["block_len"] == 0 else c["block_len"], c.get("clips"), format_ci(metric_ci(c["metrics"], "bleu1"))] +
             [c["metrics"].get(k) for k in ("meteor", "rouge_l", "total_time", "rho", "aal", "rounds")]
             for c in lsweep]
     (out / "tables" / "l_sweep.md").write_text(
@@ -138,7 +130,7 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
 
     # gates at the default L
     gates = sorted([c for c in ugsd if c["block_len"] == d.block_len], key=lambda c: (c["language"], c["gate"], c["threshold"] or 0))
-    rows = [[c["language"], c["gate"], c["threshold"], c.get("clips"), _with_ci(c, "bleu1")]
+    rows = [[c["language"], c["gate"], c["threshold"], c.get("clips"), format_ci(metric_ci(c["metrics"], "bleu1"))]
             + [c["metrics"].get(k) for k in ("meteor", "rouge_l", "emotion_hit_rate", "rho", "total_time")] for c in gates]
     (out / "tables" / "gates.md").write_text(
         f"# Gates at L = {d.block_len}\n\n" + _clips_note(params)

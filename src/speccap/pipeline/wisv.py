@@ -20,6 +20,7 @@ from ..config import Params
 from ..metrics.bootstrap import ClipStats, interval, mean_relative_change, pooled_mean
 from .gates import roc_auc
 from .markdown import md_table
+from .quality_table import format_ci
 from .sweep import RunConfig
 
 WISV_TRACE_DIR = Path("data/wisv_traces")
@@ -177,8 +178,9 @@ def build_wisv_report(params: Params, summary: dict, head: dict | None = None, o
                         continue
                     tput = m["tokens"] / m["total_time"] if m.get("total_time") else 0.0
                     st = stats.get((lang, ch, length, rule))
-                    rows.append({"quality_ci": _ci(interval(st, "quality")) if st else None,
-                                 "bleu1_ci": [m["bleu1_ci_low"], m["bleu1_ci_high"]] if "bleu1_ci_low" in m else None,"lang": lang, "channel": ch, "L": length, "rule": rule, "aal": m["aal"],
+                    rows.append({"lang": lang, "channel": ch, "L": length, "rule": rule, "aal": m["aal"],
+                                 "quality_ci": _ci(interval(st, "quality")) if st else None,
+                                 "bleu1_ci": [m["bleu1_ci_low"], m["bleu1_ci_high"]] if "bleu1_ci_low" in m else None,
                                  "rounds": m["rounds"], "latency": m["total_time"], "throughput": tput,
                                  "bleu1": m["bleu1"], "meteor": m["meteor"], "rouge_l": m["rouge_l"],
                                  "quality": _quality(m), "tolerated": m.get("tolerated", 0.0),
@@ -267,7 +269,7 @@ def _markdown(params: Params, r: dict) -> str:
                    for x in r["rows"]])
     deltas = _table(["lang", "channel", "L", "AAL %", "rounds %", "latency %", "quality % [95% CI]"],
                     [[d["lang"], d["channel"], d["L"], d["aal_pct"], d["rounds_pct"], d["latency_pct"],
-                      _with_ci(d["quality_pct"], d.get("quality_pct_ci"), "%+.1f")] for d in r["deltas"]])
+                      _with_ci(d["quality_pct"], d.get("quality_pct_ci"), signed=True)] for d in r["deltas"]])
     proto = _table(["channel", "L", "mismatches / block", "full-hidden ms", "selective-hidden ms", "faster"],
                    [[p["channel"], p["L"], p["mismatches"], p["full_ms"], p["selective_ms"], p["choice"]]
                     for p in r["protocols"]])
@@ -290,7 +292,8 @@ def _markdown(params: Params, r: dict) -> str:
         "throughput = tokens / latency; quality = mean of BLEU-1, METEOR and ROUGE-L (x100). Intervals: 95% paired "
         "bootstrap over the clips (the quality change against greedy: both on the same resampled clips). "
         + ("" if not params.wisv.eval_clips else
-           f"{params.wisv.eval_clips} clips, not all, to keep `dvc repro` within its time budget: 5 channels x "
+           f"{params.wisv.eval_clips} clips, not all, to keep `dvc repro` within its time budget: "
+           f"{len(params.wisv.channels)} channels x "
            f"{len(params.wisv.block_lens)} windows x 3 rules per language; the intervals are the wider for it. ")
         + "\n\n"
         "## Side by side with the paper (WISV vs greedy verification)\n\n"
@@ -310,10 +313,9 @@ def _markdown(params: Params, r: dict) -> str:
         "full-hidden almost always wins.\n\n" + proto + "\n\nPlot: wisv.png.\n")
 
 
-def _with_ci(v, ci, fmt: str = "%.1f") -> str:
-    if v is None:
-        return "-"
-    return fmt % v + (f" [{fmt % ci[0]}, {fmt % ci[1]}]" if ci else "")
+def _with_ci(v, ci: list[float] | None, signed: bool = False) -> str:
+    """A figure with its [low, high] interval, as quality_table.format_ci writes them."""
+    return format_ci({"value": v, "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None}, signed)
 
 
 def _pct_s(v) -> str:
