@@ -125,7 +125,7 @@ def shadow_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str
     # was the edge's draft kept (the end drafted where the caption ends counts)? "keep" after a position
     # where the caption left the edge's drafts is not the caption itself
     kept = [path[j] == tok if j < len(path) else tok == eos for j, tok in enumerate(block.tokens)]
-    departed = [j for j, k in enumerate(kept) if not k]
+    last_departure = max((j for j, k in enumerate(kept) if not k), default=-1)
     labels, fixes = [], []
     for j, tok in enumerate(block.tokens):
         rank = cloud_rank(rows[j], tok)
@@ -137,7 +137,7 @@ def shadow_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str
             prefix = path[:j]
             fix = prefix if correction == eos else finish(edge, mel, language, prefix + [correction],
                                                           settings.max_new_tokens)
-            if not any(k >= j for k in departed):
+            if j > last_departure:
                 keep = path  # the edge's own continuation from here is the caption itself
             else:
                 keep = prefix if tok == eos else finish(edge, mel, language, prefix + [tok], settings.max_new_tokens)

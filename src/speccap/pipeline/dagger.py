@@ -41,13 +41,15 @@ def round_counts(params: Params) -> SimpleNamespace:
     return SimpleNamespace(train_clips=d.train_clips, val_clips=d.val_clips or params.gates.traces.val_clips)
 
 
-def round_settings(params: Params, name: str) -> DaggerSettings:
-    path = gate_dir(params) / f"{name}.pkl"
-    blob = path.read_bytes()
+def round_settings(params: Params, name: str):
+    """The round's trace settings (the gate at its promote-budget thresholds, its pickle's hash) and
+    the gate's model, from one read of models/gates/<name>.pkl."""
+    blob = (gate_dir(params) / f"{name}.pkl").read_bytes()
     saved = pickle.loads(blob)
-    return DaggerSettings(rank=params.decode.rank, critical_margin=params.gates.traces.critical_margin,
-                          max_new_tokens=params.models.max_new_tokens, gate=name, threshold=saved["threshold"],
-                          verify=params.gates.verify, gate_sha=hashlib.sha256(blob).hexdigest()[:12])
+    settings = DaggerSettings(rank=params.decode.rank, critical_margin=params.gates.traces.critical_margin,
+                              max_new_tokens=params.models.max_new_tokens, gate=name, threshold=saved["threshold"],
+                              verify=params.gates.verify, gate_sha=hashlib.sha256(blob).hexdigest()[:12])
+    return settings, saved["model"]
 
 
 def dagger_rounds(params: Params, params_path: str | None, train: pd.DataFrame, val: pd.DataFrame, result: dict,
@@ -58,17 +60,16 @@ def dagger_rounds(params: Params, params_path: str | None, train: pd.DataFrame, 
     counts = round_counts(params)
     for k in range(1, params.gates.dagger.rounds + 1):
         name = round_gate(result)
-        settings = round_settings(params, name)
-        with open(gate_dir(params) / f"{name}.pkl", "rb") as fh:
-            model = pickle.load(fh)["model"]
+        settings, model = round_settings(params, name)
         pool = Pool(params_path, params.sweep.workers if workers is None else workers, params.sweep.threads,
                     fn=dagger_one, stage="gates")
         try:
             tables = collect(params, pool, out_dir / f"round{k}", progress=progress, settings=settings, counts=counts)
         finally:
             pool.close()
-        for split, df in tables.items():
-            df.insert(2, "round", k)
+        for df in tables.values():
+            if len(df):
+                df.insert(2, "round", k)
         train = pd.concat([train, tables["train"]], ignore_index=True)
         val = tables["val"]
         stats = shadow_summary(tables)
@@ -90,5 +91,3 @@ def total_clips(params: Params) -> int:
     counts = round_counts(params)
     per_round = sum(len(trace_clips(params, s, lang, counts)) for s in ("train", "val") for lang in params.data.languages)
     return per_round * params.gates.dagger.rounds
-
-

@@ -50,15 +50,22 @@ def traces_key(params: Params, settings=None) -> str:
 
 
 def shadow_one(job: tuple) -> dict:
-    """One clip's on-policy trace in a worker (models from sweep._W); errors come back as a record."""
+    """One clip's on-policy trace in a worker (models from sweep._W), along the edge's own caption."""
+    from ..gating.shadow import ShadowSettings
+    return _shadow_record(job, ShadowSettings(**job[5]), lambda mel, language: None)
+
+
+def _shadow_record(job: tuple, settings, committed_of) -> dict:
+    """A shadow trace's record in a worker, along `committed_of(mel, language)` (None: the edge's own
+    caption); errors come back as a record, for the stage to decide what a failed clip means."""
     from ..data.featurize import load_clip_features
-    from ..gating.shadow import ShadowSettings, shadow_caption
-    clip_id, split, language, references, key, settings, emotion = job
+    from ..gating.shadow import shadow_caption
+    clip_id, split, language, references, key, _, emotion = job
     params: Params = sweep._W["params"]
     try:
         mel, _ = load_clip_features(params.data.processed_dir, clip_id)
         x, labels, caption = shadow_caption(sweep._W["edge"], sweep._W["cloud"], mel, language, references,
-                                            emotion, ShadowSettings(**settings))
+                                            emotion, settings, committed=committed_of(mel, language))
         return {"id": clip_id, "key": key, "split": split, "language": language, "caption": caption,
                 "rows": labels, "x_shape": list(x.shape), "x": base64.b64encode(x.tobytes()).decode()}
     except Exception as exc:  # noqa: BLE001 - the stage decides what a failed clip means
@@ -82,29 +89,22 @@ class DaggerSettings:
 
 def dagger_one(job: tuple) -> dict:
     """One clip in a worker: the token-gated loop's caption under the round's gate, then its shadow
-    trace along that caption (gating.shadow, `committed`); errors come back as a record."""
+    trace along that caption (gating.shadow, `committed`)."""
     from ..config import gate_decode
-    from ..data.featurize import load_clip_features
     from ..decoding.engine import settings_from_params, speculative
     from ..decoding.link import Link
-    from ..gating.shadow import ShadowSettings, shadow_caption
+    from ..gating.shadow import ShadowSettings
     from .gates import load_gate
-    clip_id, split, language, references, key, settings, emotion = job
     params: Params = sweep._W["params"]
-    d = DaggerSettings(**settings)
-    try:
-        mel, _ = load_clip_features(params.data.processed_dir, clip_id)
+    d = DaggerSettings(**job[5])
+
+    def committed(mel, language):
         spec = settings_from_params(gate_decode(params), params.models.max_new_tokens, params.seed)
         spec.gate = load_gate(params, d.gate, d.threshold, cache=sweep._W.setdefault("gates", {}))
         spec.gate.at_token_level(d.verify)
-        rec = speculative(sweep._W["edge"], sweep._W["cloud"], mel, language, spec, Link(params.link, seed=params.seed))
-        x, labels, caption = shadow_caption(sweep._W["edge"], sweep._W["cloud"], mel, language, references, emotion,
-                                            ShadowSettings(d.rank, d.critical_margin, d.max_new_tokens),
-                                            committed=rec.token_ids)
-        return {"id": clip_id, "key": key, "split": split, "language": language, "caption": caption,
-                "rows": labels, "x_shape": list(x.shape), "x": base64.b64encode(x.tobytes()).decode()}
-    except Exception as exc:  # noqa: BLE001 - the stage decides what a failed clip means
-        return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        return speculative(sweep._W["edge"], sweep._W["cloud"], mel, language, spec,
+                           Link(params.link, seed=params.seed)).token_ids
+    return _shadow_record(job, ShadowSettings(d.rank, d.critical_margin, d.max_new_tokens), committed)
 
 
 def _frame(rec: dict) -> pd.DataFrame:

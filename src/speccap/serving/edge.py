@@ -16,7 +16,8 @@ import time
 import numpy as np
 
 from ..decoding import packets
-from ..decoding.engine import CaptionRecord, SpecSettings, _account, _Clock, blocking_loop, hidden_upload, wisv_protocol
+from ..decoding.engine import (CaptionRecord, SpecSettings, _account, _Clock, blocking_loop, hidden_upload,
+                               wisv_protocol)
 from ..decoding.link import Link
 from ..decoding.stats import Block
 from ..decoding.verify import Verdict
@@ -48,7 +49,7 @@ class RemoteCloud:
         self.down = False
         self.sess = None  # no local model session (keep_sessions)
         # WISV: mismatches / examined tokens this caption, as far as the edge learns them (`auto`)
-        self.mismatches, self.examined, self._asked = 0, 0, 0
+        self.mismatches, self.examined = 0, 0
         rec.network = new_network_stats()
 
     # ---- the exchange and its books ----
@@ -116,7 +117,6 @@ class RemoteCloud:
         if rule.needs_q:  # Q-S: its sparse lattice; speculative sampling: dense rows in the wire dtype
             packet += rule.q_payload(block.q) if rule.edge_distribution is not None else packets.q_payload(
                 block.q, self.q_dtype)
-        protocol = None
         if rule.needs_hidden:  # WISV: the channel state, and with the full protocol every draft state
             protocol = wisv_protocol(rule, link, block, bits, self.mismatches, self.examined)
             csi = csi_of(link)
@@ -128,8 +128,9 @@ class RemoteCloud:
         self._book(ex)
         self.rec.network["verify_rtts"].append(ex.seconds)
         self.seq += 1
+        asked = 0
         if rule.needs_hidden:
-            ex = self._wisv_answer(link, block, ex)
+            ex, asked = self._wisv_answer(link, block, ex)
         try:
             sid, seq, accepted, token = packets.parse_verdict(ex.body)
         except packets.PacketError as exc:
@@ -145,18 +146,18 @@ class RemoteCloud:
         checked = accepted + 1 if accepted < len(block) else len(block)
         if rule.needs_hidden:
             self.examined += checked
-            self.mismatches += max(self._asked, int(accepted < len(block)))
+            self.mismatches += max(asked, int(accepted < len(block)))
         return Verdict(accepted, token, accepted < len(block), [0] * checked)
 
     def _wisv_answer(self, link: Link, block: Block, ex):
-        """A MISMATCH answer (selective protocol): send the states it names, return the VERDICT's exchange."""
-        self._asked = 0
+        """A MISMATCH answer (selective protocol): send the states it names. Returns the exchange that
+        holds the VERDICT and how many positions the cloud asked about (0 when it asked nothing)."""
         try:
             kind, _, _ = packets.parse_header(ex.body)
         except packets.PacketError as exc:
             raise CloudUnavailable(f"unreadable answer: {exc}") from None
         if kind != packets.MISMATCH:
-            return ex
+            return ex, 0
         try:
             sid, seq, asked = packets.parse_mismatch(ex.body)
         except packets.PacketError as exc:
@@ -164,14 +165,13 @@ class RemoteCloud:
         if sid != self.sid or seq != self.seq or any(not 0 <= i < len(block) for i in asked):
             raise CloudUnavailable(f"MISMATCH for session {sid} seq {seq} positions {asked} does not answer "
                                    f"session {self.sid} seq {self.seq}")
-        self._asked = len(asked)
         self._packet(link, "down", "mismatch", ex.body)
         packet = hidden_upload(self.sid, self.seq, block, asked)
         self._packet(link, "up", "hidden", packet)
         answer = self.client.hidden(self.sid, packet)
         self._book(answer)
         self.rec.hidden_requests += 1
-        return answer
+        return answer, len(asked)
 
     def _fail(self, reason: str) -> None:
         """The block stays on the edge; the session is given up (its cache may hold the block)."""
