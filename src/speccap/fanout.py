@@ -75,10 +75,18 @@ def _worker_init(marks: str, fn: Callable, init: Callable | None, initargs: tupl
         init(*initargs)
 
 
+def _mark(text: str) -> None:
+    """What this worker holds, replaced whole: a worker killed mid-write must not leave the parent an
+    empty mark (then it could name neither the item nor the last one finished)."""
+    tmp = _W["mark"].with_name(_W["mark"].name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, _W["mark"])
+
+
 def _call(key: str, item):
-    _W["mark"].write_text(key, encoding="utf-8")
+    _mark(key)
     result = _W["fn"](item)
-    _W["mark"].write_text(_IDLE + key, encoding="utf-8")  # idle again: a later death held no item
+    _mark(_IDLE + key)  # idle again: a later death held no item
     return result
 
 
