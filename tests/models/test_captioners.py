@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 from speccap.cli import main
@@ -43,14 +44,37 @@ def test_caption_command_on_a_wav(tiny_project, capsys):
     assert "file not found" in capsys.readouterr().err
 
 
-def test_two_trainings_with_the_same_seed_give_bit_identical_models(tiny_project, tmp_path):
-    """Each role trains in its own process with a fixed thread count: a second run from the same seed
-    reproduces the first byte for byte (and the two roles really trained side by side)."""
+def test_roles_train_side_by_side_only_when_the_cores_hold_their_threads(tiny_project, monkeypatch):
     import dataclasses
 
+    from speccap.models.captioners import side_by_side
+    params = tiny_project[0]
+
+    def at(threads):
+        m = params.models
+        return dataclasses.replace(params, models=dataclasses.replace(
+            m, edge=dataclasses.replace(m.edge, train=dataclasses.replace(m.edge.train, threads=threads)),
+            cloud=dataclasses.replace(m.cloud, train=dataclasses.replace(m.cloud.train, threads=threads))))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1})
+    assert side_by_side(at(1), ["edge", "cloud"]) == 2
+    assert side_by_side(at(2), ["edge", "cloud"]) == 1  # 4 threads on 2 cores: one after the other
+    assert side_by_side(at(2), ["cloud"]) == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(8)))
+    assert side_by_side(at(2), ["edge", "cloud"]) == 2
+
+
+def test_two_trainings_with_the_same_seed_give_bit_identical_models(tiny_project, tmp_path, monkeypatch):
+    """Each role trains in its own process with a fixed thread count: a second run from the same seed
+    reproduces the first byte for byte, even when the roles take turns in one worker where the first
+    run trained them side by side."""
+    import dataclasses
+
+    from speccap.models import captioners
     from speccap.models.captioners import train_captioners
     params, first, _ = tiny_project
+    assert captioners.side_by_side(params, ["edge", "cloud"]) == 2 or len(os.sched_getaffinity(0)) < 2
     again = dataclasses.replace(params, models=dataclasses.replace(params.models, dir=str(tmp_path / "models")))
+    monkeypatch.setattr(captioners, "side_by_side", lambda *_: 1)
     second = train_captioners(again, progress=False)
     for role in ("edge", "cloud"):
         a = Path(params.models.dir, role, "model.safetensors").read_bytes()
