@@ -43,7 +43,8 @@ import numpy as np
 from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
 from . import packets
-from .engine import CaptionRecord, SpecSettings, _account, _book_verdict, _Clock, _Cloud, _Edge, _finish
+from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict
+from .record import CaptionRecord, Clock, account, finish
 from .link import Link
 from .policies import LengthPolicy
 from .stats import Block, audio_summary
@@ -84,12 +85,12 @@ class _Loop:
         self.features, self.language = features, language
         self.audio = audio_summary(features)
         self.rec = CaptionRecord("", [], "pipelined", in_flight=s.in_flight)
-        self.clock = _Clock()
+        self.clock = Clock()
         self.eos = edge.eos_token_id
         self.bits = packets.id_bits(min(edge.vocab_size, cloud.vocab_size))
         self.policy = s.policy
-        self.ed = _Edge(edge, features, language, s, self.clock, self.rec)
-        self.cl = _Cloud(cloud, features, language, s, self.clock, self.rec)
+        self.ed = EdgeHalf(edge, features, language, s, self.clock, self.rec)
+        self.cl = CloudHalf(cloud, features, language, s, self.clock, self.rec)
         self.up, self.down = _Pipe(link.rtt_s), _Pipe(link.rtt_s)
         self.cloud_free = 0.0
         self.features_sent = False
@@ -186,14 +187,14 @@ class _Loop:
         guess = self.ed.pick() if not ends and end_len < s.max_new_tokens else None
         t = self.clock.virtual
         if not self.features_sent:
-            seconds = _account(rec, self.link, "up", "features",
+            seconds = account(rec, self.link, "up", "features",
                                packets.features_packet(self.session_id, self.features, self.language))
             self.up.send(t, seconds)  # the verify packet queues behind it
             self.features_sent = True
         payload = packets.pipelined_packet(self.session_id, self.seq, self.epoch, sync, block.tokens, guess, self.bits)
         if s.rule.needs_q:
             payload += s.rule.q_payload(block.q)
-        arrived = self.up.send(t, _account(rec, self.link, "up", "verify", payload))
+        arrived = self.up.send(t, account(rec, self.link, "up", "verify", payload))
         rec.transmitted += len(block)
         rec.synced += len(sync)
         verdict, holds, arrival = None, True, math.inf
@@ -201,7 +202,7 @@ class _Loop:
             verdict, dt = self.cl.verify(sync, self.seq_all[:block.start], block, self.eos)
             self.cloud_free = max(arrived, self.cloud_free) + dt
             down = packets.verdict_packet(self.session_id, self.seq, verdict.accepted, verdict.token, self.bits)
-            arrival = self.down.send(self.cloud_free, _account(rec, self.link, "down", "verdict", down))
+            arrival = self.down.send(self.cloud_free, account(rec, self.link, "down", "verdict", down))
             holds = verdict.accepted == len(block) and (guess is None or verdict.token == guess)
             self.cloud_epoch += not holds
             rec.rounds += 1
@@ -224,7 +225,7 @@ class _Loop:
         rec, v = self.rec, p.verdict
         if not rec.ttft:
             rec.ttft = p.arrival
-        _book_verdict(rec, v)
+        book_verdict(rec, v)
         self.latency[0] += p.arrival - p.sent
         self.latency[1] += 1
         self.holds[0] += p.holds
@@ -268,4 +269,4 @@ def pipelined(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: str
     loop.rec.link_time = sum(p["seconds"] for p in loop.rec.packets)  # on the wire, mostly hidden
     if keep_sessions:
         loop.rec.sessions = (loop.ed.sess, loop.cl.sess)
-    return _finish(loop.rec, edge, ids[: settings.max_new_tokens], loop.clock, wall0, mon)
+    return finish(loop.rec, edge, ids[: settings.max_new_tokens], loop.clock, wall0, mon)

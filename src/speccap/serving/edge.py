@@ -16,8 +16,9 @@ import time
 import numpy as np
 
 from ..decoding import packets
-from ..decoding.engine import (CaptionRecord, SpecSettings, _account, _Clock, blocking_loop, hidden_upload,
-                               wisv_protocol)
+from ..decoding.engine import blocking_loop
+from ..decoding.halves import SpecSettings, hidden_upload, wisv_protocol
+from ..decoding.record import CaptionRecord, Clock, account
 from ..decoding.link import Link
 from ..decoding.stats import Block
 from ..decoding.verify import Verdict
@@ -36,7 +37,7 @@ class RemoteCloud:
     """The cloud half of `blocking_loop` over HTTP. `emulate`: sleep the link model's seconds for
     every packet (client-side channel emulation on top of the real socket)."""
 
-    def __init__(self, client: VerifierClient, features: np.ndarray, language: str, s: SpecSettings, clock: _Clock,
+    def __init__(self, client: VerifierClient, features: np.ndarray, language: str, s: SpecSettings, clock: Clock,
                  rec: CaptionRecord, features_dtype: str = "float16", q_dtype: str = "float16",
                  emulate: bool = False, breaker: int = 2):
         self.client, self.features, self.language, self.s = client, features, language, s
@@ -56,7 +57,7 @@ class RemoteCloud:
     def _packet(self, link: Link, direction: str, kind: str, packet: bytes) -> None:
         """Book one packet on the link model (the prediction next to the measurement); with
         `emulate`, also wait that long, as if the link were that slow."""
-        predicted = _account(self.rec, link, direction, kind, packet)
+        predicted = account(self.rec, link, direction, kind, packet)
         self.rec.network["link_model_time"] += predicted
         if self.emulate:
             time.sleep(predicted)

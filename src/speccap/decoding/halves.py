@@ -1,0 +1,213 @@
+"""The two halves of a speculative caption that every loop composes: the edge's (draft, feed,
+catch up after a verdict) and the in-process cloud's (one verification round on the link model),
+with the settings they share and the packets they send. The blocking, token-level and pipelined
+loops (engine, pipelined) and the networked edge (serving.edge) are built from these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..models.base import AudioLM
+from ..models.generate import pick
+from . import packets
+from .cloud import CloudSession
+from .gates import Gate
+from .link import Link
+from .policies import LengthPolicy
+from .record import CaptionRecord, Clock, charge
+from .stats import Block, token_stats
+from .verify import Rule
+from .wisv import csi_of
+from .wisv_upload import choose
+
+
+@dataclass
+class SpecSettings:
+    gate: Gate
+    rule: Rule
+    policy: LengthPolicy
+    temperature: float = 0.0
+    max_new_tokens: int = 128
+    seed: int = 0
+    # False: re-encode audio and prefix at every escalation, as the published implementation
+    # does (kept as the baseline the persistent cache is measured against)
+    cloud_cache: bool = True
+    # blocks in flight: 0 = the blocking loop (the edge waits for every verdict); N >= 1 = the
+    # pipelined loop (the edge drafts ahead while up to N escalated blocks are being verified)
+    in_flight: int = 0
+    # pipelined: "adaptive" waits for a verdict due sooner than a drafted token is likely to be
+    # useful; "always" drafts ahead whenever the in-flight limit allows
+    draft_ahead: str = "adaptive"
+    # hardware emulation on the virtual clock: measured compute times these factors
+    edge_time_scale: float = 1.0
+    cloud_time_scale: float = 1.0
+    # blocking loop: called after each verification with (block, the cloud's rows for it, the
+    # verdict, the committed tokens before the block, the cloud's hidden states of the draft or
+    # None); trace collection reads the cloud's view here
+    observer: object = None
+    # both sides keep each draft token's last-layer hidden state (WISV traces); a rule that needs
+    # them (WISV) turns this on by itself
+    trace_hidden: bool = False
+
+
+class EdgeHalf:
+    """The edge's half: its session and the drafting of one token at a time."""
+
+    def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, clock: Clock, rec: CaptionRecord):
+        self.lm, self.s, self.clock, self.rec = lm, s, clock, rec
+        self.rng = np.random.default_rng(s.seed + 1_000_003) if s.temperature > 0 else None
+        self.sess, dt = clock.run(lm.start, features, language, scale=s.edge_time_scale)
+        rec.prefill_time = rec.edge_compute = dt
+        rec.prompt_tokens = self.sess.prompt_len
+        self.logits = self.sess.prefill_logits  # next-token logits after what the cache holds
+        self.cached = 0  # caption tokens in the edge's KV cache
+        self.keep_hidden = s.trace_hidden or s.rule.needs_hidden or s.gate.needs_hidden
+
+    def pick(self) -> int:
+        return pick(self.logits, self.s.temperature, self.rng)
+
+    def feed(self, tok: int, hidden: bool = False) -> torch.Tensor | None:
+        """Append a token to the cache; with `hidden`, return its last-layer hidden state."""
+        out, dt = self.clock.run(self.sess.extend, [tok], hidden, scale=self.s.edge_time_scale)
+        self.rec.edge_compute += dt
+        self.logits = out.logits[-1]
+        self.cached += 1
+        return out.hidden[-1] if hidden else None
+
+    def draft(self, block: Block, needs_q: bool) -> int:
+        """Draft one token into `block` (fed back to the cache unless it ends the caption)."""
+        rule = self.s.rule
+        if rule.edge_distribution is not None:  # Q-S / S-Q: the quantized distribution travels
+            p = torch.softmax(self.logits.double() / self.s.temperature, dim=-1)
+            q = rule.edge_distribution(p)
+            law = (q if rule.sample_quantized else p).numpy()
+            tok = int(self.rng.choice(len(law), p=law / law.sum()))
+            stats, _ = token_stats(self.logits, tok, self.s.temperature)
+        else:
+            tok = self.pick()
+            stats, q = token_stats(self.logits, tok, self.s.temperature)
+            q = q.float()  # what would travel; the rule sees the same values
+        block.tokens.append(tok)
+        block.stats.append(stats)
+        if needs_q:
+            block.q.append(q)
+        h = self.feed(tok, self.keep_hidden) if tok != self.lm.eos_token_id else None
+        if self.keep_hidden:  # as it travels: float16
+            block.hidden.append(None if h is None else h.half().float())
+        return tok
+
+    def truncate(self, length: int) -> None:
+        """Crop the cache to the first `length` caption tokens (after a rejection)."""
+        self.sess.rollback(self.cached - length)
+        self.cached = length
+
+
+class CloudHalf:
+    """The cloud's half in-process: a `CloudSession` on this caption's clock and record. With
+    `cloud_cache` its KV cache persists across rounds; without, audio and prefix are re-encoded."""
+
+    def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, clock: Clock, rec: CaptionRecord):
+        self.s, self.clock, self.rec, self.features, self.language = s, clock, rec, features, language
+        self.session = CloudSession(lm, features, language, s.rule, s.seed, s.cloud_cache)
+        self.session.keep_hidden |= s.trace_hidden
+        self.synced = 0  # committed caption tokens the cloud's cache holds
+        # WISV: the caption's mismatches / examined tokens so far (the `auto` protocol's estimate)
+        self.mismatches, self.examined = 0, 0
+
+    @property
+    def sess(self):
+        return self.session.sess
+
+    @property
+    def rows(self):
+        return self.session.rows
+
+    def verify(self, sync: list[int], prefix: list[int], block: Block, eos: int, csi=None):
+        """One round on the session; returns the verdict and the (scaled) compute seconds."""
+        verdict, spent, positions = self.session.verify(
+            sync, prefix, block.tokens, block.q, eos,
+            measure=lambda fn, *a: self.clock.measure(fn, *a, scale=self.s.cloud_time_scale),
+            edge_hidden=block.hidden, csi=csi)
+        self.rec.cloud_tokens += positions
+        self.rec.cloud_compute += spent
+        return verdict, spent
+
+    def round(self, link: Link, session_id: int, seq: int, committed: list[int], block: Block, eos: int,
+              bits: int):
+        """The blocking loop's escalation: the packets up on the link model, one verification, the
+        verdict down, all on the virtual clock. Returns the verdict (never None: this cloud cannot fail)."""
+        rec, clock, rule = self.rec, self.clock, self.s.rule
+        sync = committed[self.synced:]
+        if self.sess is None:
+            charge(rec, clock, link, "up", "features", packets.features_packet(session_id, self.features,
+                                                                                self.language))
+        protocol = self._protocol(link, block, bits) if rule.needs_hidden else None
+        up = verify_upload(rule, session_id, seq, sync, block, bits)
+        if protocol == "full":  # every drafted token's hidden state rides with the ids
+            up += hidden_upload(session_id, seq, block, range(len(block)))
+        charge(rec, clock, link, "up", "verify", up)
+        rec.synced += len(sync)
+        verdict, dt = self.verify(sync, committed, block, eos, csi_of(link) if rule.needs_hidden else None)
+        clock.virtual += dt
+        if protocol == "selective" and verdict.asked:  # the cloud asks for the states at its mismatches
+            charge(rec, clock, link, "down", "mismatch", packets.mismatch_packet(session_id, seq, verdict.asked))
+            charge(rec, clock, link, "up", "hidden", hidden_upload(session_id, seq, block, verdict.asked))
+            rec.hidden_requests += 1
+        if rule.needs_hidden:
+            rec.tolerated += verdict.tolerated
+            self.mismatches += sum(r > 1 for r in verdict.ranks)
+            self.examined += len(verdict.ranks)
+        if self.s.observer is not None:
+            self.s.observer(block, self.rows, verdict, committed, self.session.hidden)
+        charge(rec, clock, link, "down", "verdict", packets.verdict_packet(session_id, seq, verdict.accepted,
+                                                                              verdict.token, bits))
+        self.synced = len(committed) + verdict.accepted
+        return verdict
+
+
+    def _protocol(self, link: Link, block: Block, bits: int) -> str:
+        return wisv_protocol(self.s.rule, link, block, bits, self.mismatches, self.examined)
+
+
+def wisv_protocol(rule, link: Link, block: Block, bits: int, mismatches: int, examined: int) -> str:
+    """WISV's upload protocol for a round: the rule's, or with `auto` the one the link model says is
+    faster for the mismatches expected (the caption's running rate so far, prior 1 in 10)."""
+    if rule.protocol != "auto":
+        return rule.protocol
+    rate = (mismatches + 1) / (examined + 10)
+    d = next((h.shape[-1] for h in block.hidden if h is not None), 0)
+    return choose(link, len(block), d, rate * len(block), bits)
+
+
+def hidden_upload(session_id: int, seq: int, block: Block, positions) -> bytes:
+    """A HIDDEN packet with the edge's states at `positions` (an end-of-caption token has none)."""
+    pos = [i for i in positions if block.hidden[i] is not None]
+    h = torch.stack([block.hidden[i] for i in pos]).numpy() if pos else np.zeros((0, 0), np.float16)
+    return packets.hidden_packet(session_id, seq, pos, h)
+
+
+def verify_upload(rule: Rule, session_id: int, seq: int, sync: list[int], block: Block, bits: int) -> bytes:
+    up = packets.verify_packet(session_id, seq, sync, block.tokens, bits)
+    return up + rule.q_payload(block.q) if rule.needs_q else up
+
+
+def book_verdict(rec: CaptionRecord, verdict) -> None:
+    rec.accepted += verdict.accepted
+    book_positions(rec, verdict.accepted, len(verdict.ranks))
+    if verdict.token is not None:
+        if verdict.corrected:
+            rec.corrected += 1
+        else:
+            rec.bonus += 1
+
+
+def book_positions(rec: CaptionRecord, accepted: int, checked: int) -> None:
+    while len(rec.position_checked) < checked:
+        rec.position_checked.append(0)
+        rec.position_accepted.append(0)
+    for i in range(checked):
+        rec.position_checked[i] += 1
+        rec.position_accepted[i] += int(i < accepted)
