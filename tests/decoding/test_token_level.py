@@ -86,3 +86,51 @@ def test_bad_level_or_verify_is_a_clear_error():
         make_gate("entropy", 1.0, "word")
     with pytest.raises(ValueError, match="unknown token-level verification"):
         make_gate("entropy", 1.0, "token", "some")
+
+
+def _feeds(monkeypatch, lm):
+    """Every extend call of `lm`'s sessions: the token lists fed, in order."""
+    calls, start = [], lm.start
+
+    def counting_start(*args):
+        sess = start(*args)
+        extend = sess.extend
+
+        def counted(ids, return_hidden=False):
+            calls.append(list(ids))
+            return extend(ids, return_hidden)
+        sess.extend = counted
+        return sess
+    monkeypatch.setattr(lm, "start", counting_start)
+    return calls
+
+
+def test_a_flagged_token_waits_unfed_so_a_correction_costs_the_edge_no_forward(pair, audio, monkeypatch):
+    # every token flagged, greedy: the cloud replaces many drafts. The edge's cache only ever takes
+    # committed tokens (one forward per round); keeping the state after each draft (as WISV traces
+    # do) feeds every draft first and pays again for each correction, with the same caption
+    edge, cloud = pair
+    calls = _feeds(monkeypatch, edge)
+    deferred = speculative(edge, cloud, audio[1], "en", _spec(make_gate("entropy", -math.inf, "token")),
+                           Link(LinkConfig()))
+    fed = [t for c in calls for t in c]
+    assert deferred.corrected > 0
+    assert fed == deferred.token_ids[:len(fed)] and len(fed) >= len(deferred.token_ids) - 1
+    assert len(calls) <= deferred.rounds and deferred.edge_fed == len(fed)  # the record counts what was fed
+    calls.clear()
+    eager = speculative(edge, cloud, audio[1], "en", _spec(make_gate("entropy", -math.inf, "token"), trace_hidden=True),
+                        Link(LinkConfig()))
+    assert eager.token_ids == deferred.token_ids
+    assert len(calls) >= len(deferred.token_ids) + deferred.corrected - 1  # the replaced drafts were fed too
+    assert eager.edge_fed == sum(len(c) for c in calls) > deferred.edge_fed
+
+
+def test_a_deferred_token_the_cloud_accepts_goes_in_with_the_clouds_next(pair, audio, monkeypatch):
+    # flag position 3 only: if the cloud accepts the draft there, the edge feeds it together with the
+    # cloud's bonus token in one forward; either way the caption is the blocking loop's
+    edge, cloud = pair
+    calls = _feeds(monkeypatch, edge)
+    rec = speculative(edge, cloud, audio[1], "en", _spec(_FlagAt([3]).at_token_level("alone")), Link(LinkConfig()))
+    fed = [t for c in calls for t in c]
+    assert fed == rec.token_ids[:len(fed)]
+    assert rec.rounds == 1 and (rec.corrected == 1 or [len(c) for c in calls][3] == 2)

@@ -61,7 +61,7 @@ def test_gate_scores_the_last_token_as_the_traces_did():
     model = fit_token_gate(x, labels, "lightgbm", "critical", DIM, EOS)
     import torch
     stats = [TokenStats(5, 1.0, 0.5, 0.2, -1.0, 2), TokenStats(7, 0.2, 0.9, 0.8, -0.1, 1)]
-    block = Block(start=3, tokens=[5, 7], stats=stats, hidden=[torch.zeros(DIM), torch.full((DIM,), 3.0)],
+    block = Block(start=3, tokens=[5, 7], stats=stats, context=[torch.zeros(DIM), torch.full((DIM,), 3.0)],
                   audio=(0.1,) * 6, language="zh")
     rows = token_rows(block, DIM, EOS)
     expect = model.token_scores(rows)

@@ -18,6 +18,22 @@ def test_prefill_and_extend_shapes(family, mel):
     assert s.prompt_len == len(lm.prompt_ids(230, "en"))
 
 
+def test_prefill_hidden_is_the_state_that_gives_the_first_tokens_distribution(family, mel):
+    # the last-layer state at the prompt's last position: the LM head over it is the first caption
+    # token's distribution (where the language mask allows), as each extend's hidden gives the next
+    lm = tiny_lm(family)
+    s = lm.start(mel, "en")
+    assert s.prefill_hidden.shape == (32,)
+    head = lm.model.get_output_embeddings()
+    allowed = s.prefill_logits > -1e8
+    with torch.no_grad():
+        torch.testing.assert_close(head(s.prefill_hidden)[:VOCAB][allowed], s.prefill_logits[allowed],
+                                   atol=1e-4, rtol=1e-4)
+        out = s.extend(TOKENS[:1], return_hidden=True)
+        torch.testing.assert_close(head(out.hidden[-1])[:VOCAB][allowed], out.logits[-1][allowed],
+                                   atol=1e-4, rtol=1e-4)
+
+
 def test_cached_extension_equals_one_forward(family, mel):
     lm = tiny_lm(family)
     whole = lm.start(mel, "en").extend(TOKENS).logits

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from speccap.config import params_from_dict
 from speccap.pipeline.gate_report import ORACLE, decode_references, gate_configs
 
@@ -91,3 +93,15 @@ def test_the_dagger_rounds_have_their_section():
                           "val_auc_before": {"critical": 0.71, "mismatch": None},
                           "val_auc_after": {"critical": 0.83, "mismatch": 0.9}}])
     assert "| 1 | tok-lightgbm-critical | 4 / 4 | 0.100 | 0.020 | 0.015 | 0.710 -> 0.830 | – -> 0.900 |" in md
+
+
+def test_papers_seconds_count_the_tokens_the_edge_fed():
+    from speccap.pipeline.gate_report import PAPER_CLOUD_OTPS, PAPER_EDGE_OTPS, papers_seconds
+    m = {"tokens": 9, "drafted": 10, "corrected": 2, "bonus": 1, "rounds": 3, "link_time": 0.3}
+    old = (10 + 2 + 1) / PAPER_EDGE_OTPS + 3 / PAPER_CLOUD_OTPS + 0.3  # records without the count
+    assert papers_seconds(m, "ugsd") == pytest.approx(old)
+    # every draft fed but the end (9), the 2 corrections and the bonus: the same steps
+    assert papers_seconds(m | {"edge_fed": 12}, "ugsd") == pytest.approx(old)
+    # the two flagged drafts the cloud replaced were never fed: two edge steps fewer
+    assert papers_seconds(m | {"edge_fed": 10}, "ugsd") == pytest.approx(old - 2 / PAPER_EDGE_OTPS)
+    assert papers_seconds(m, "edge") == pytest.approx(10 / PAPER_EDGE_OTPS)

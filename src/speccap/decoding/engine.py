@@ -80,6 +80,7 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
             logits = out.logits[-1]
             if link is None:
                 rec.edge_compute += dt
+                rec.edge_fed += 1
             else:
                 rec.cloud_compute += dt
                 rec.cloud_tokens += 1
@@ -146,6 +147,7 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
                 verdict = cl.round(link, session_id, seq, committed, block, eos, bits)
             if verdict is None:  # kept local (or the cloud was unreachable): committed as drafted
                 committed.extend(t for t in block.tokens if t != eos)
+                ed.align(committed)  # a flagged token still unfed goes in now
                 done = bool(block.tokens) and block.tokens[-1] == eos
                 policy.update(len(block), len(block), escalated=False, corrected=False)
                 if not rec.ttft:
@@ -156,14 +158,13 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
             # roll back the edge past the rejected tokens, commit the cloud's token
             accepted = block.tokens[: verdict.accepted]
             committed.extend(t for t in accepted if t != eos)
-            ed.truncate(len(committed))
             book_verdict(rec, verdict)
             if verdict.token is None or verdict.token == eos or (accepted and accepted[-1] == eos):
                 done = True
+                ed.truncate(min(ed.cached, len(committed)))  # nothing more to feed: the caption is done
             else:
+                ed.align(committed, [verdict.token] if len(committed) + 1 < settings.max_new_tokens else [])
                 committed.append(verdict.token)
-                if len(committed) < settings.max_new_tokens:
-                    ed.feed(verdict.token)
             if not rec.ttft:
                 rec.ttft = clock.virtual
             policy.update(len(block), verdict.accepted, escalated=True, corrected=verdict.corrected)
@@ -177,9 +178,11 @@ def _draft_until_flagged(ed: EdgeHalf, block: Block, gate: Gate, needs_q: bool, 
     """Token level: draft into `block` until the gate flags a token (True), the caption ends or the
     budget is spent (False)."""
     while len(block) < budget:
-        tok = ed.draft(block, needs_q)
+        tok = ed.draft(block, needs_q, feed=not ed.defers)
         if gate.flag(block):
-            return True
+            return True  # deferred: the token goes into the edge's cache with its verdict (EdgeHalf.align)
+        if ed.defers:
+            ed.feed_drafted(block)
         if tok == eos:
             break
     return False
@@ -189,7 +192,7 @@ def _last_token(block: Block) -> Block:
     """The block's last token as a block of its own (token level, `verify = "alone"`)."""
     n = len(block) - 1
     return Block(start=block.start + n, tokens=block.tokens[n:], stats=block.stats[n:], q=block.q[n:],
-                 hidden=block.hidden[n:], accept_rate=block.accept_rate, audio=block.audio, language=block.language)
+                 hidden=block.hidden[n:], context=block.context[n:], accept_rate=block.accept_rate, audio=block.audio, language=block.language)
 
 
 def settings_from_params(decode, max_new_tokens: int, seed: int = 0, qs_level: int = 16) -> SpecSettings:

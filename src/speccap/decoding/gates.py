@@ -28,7 +28,7 @@ class Gate(ABC):
     name: str = "gate"
     level: str = "block"  # "block" | "token"
     verify: str = "alone"  # token level: what goes up with a flagged token (VERIFY)
-    needs_hidden: bool = False  # its features read the edge's hidden state of each drafted token
+    needs_hidden: bool = False  # its features read the edge's hidden state before each drafted token
 
     @abstractmethod
     def escalate(self, block: Block) -> bool:

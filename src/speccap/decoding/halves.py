@@ -54,7 +54,15 @@ class SpecSettings:
 
 
 class EdgeHalf:
-    """The edge's half: its session and the drafting of one token at a time."""
+    """The edge's half: its session and the drafting of one token at a time.
+
+    A gate that reads hidden states (`gate.needs_hidden`) reads the edge's last-layer state BEFORE
+    each drafted token: the state whose next-token distribution drafted it, which the edge already
+    has (block.context). So a token gate decides before the token is fed back, and with `defers` the
+    flagged token waits unfed for its verdict: a token the cloud replaces never costs the edge a
+    forward, and the token it commits goes into the cache with the next one (`align`). The state
+    AFTER each token (block.hidden: what WISV uploads and its traces keep) needs every token fed at
+    once, so those rules and traces do not defer."""
 
     def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, clock: Clock, rec: CaptionRecord):
         self.lm, self.s, self.clock, self.rec = lm, s, clock, rec
@@ -64,21 +72,31 @@ class EdgeHalf:
         rec.prompt_tokens = self.sess.prompt_len
         self.logits = self.sess.prefill_logits  # next-token logits after what the cache holds
         self.cached = 0  # caption tokens in the edge's KV cache
-        self.keep_hidden = s.trace_hidden or s.rule.needs_hidden or s.gate.needs_hidden
+        self.keep_hidden = s.trace_hidden or s.rule.needs_hidden  # block.hidden: the state after each token
+        self.keep_context = s.gate.needs_hidden  # block.context: the state before each token
+        self.state = self.sess.prefill_hidden if self.keep_context else None  # after what the cache holds
+        self.defers = s.gate.level == "token" and not self.keep_hidden
 
     def pick(self) -> int:
         return pick(self.logits, self.s.temperature, self.rng)
 
     def feed(self, tok: int, hidden: bool = False) -> torch.Tensor | None:
         """Append a token to the cache; with `hidden`, return its last-layer hidden state."""
-        out, dt = self.clock.run(self.sess.extend, [tok], hidden, scale=self.s.edge_time_scale)
+        return self._extend([tok], hidden)
+
+    def _extend(self, ids: list[int], hidden: bool = False) -> torch.Tensor | None:
+        out, dt = self.clock.run(self.sess.extend, ids, hidden or self.keep_context, scale=self.s.edge_time_scale)
         self.rec.edge_compute += dt
+        self.rec.edge_fed += len(ids)
         self.logits = out.logits[-1]
-        self.cached += 1
+        self.cached += len(ids)
+        if self.keep_context:
+            self.state = out.hidden[-1]
         return out.hidden[-1] if hidden else None
 
-    def draft(self, block: Block, needs_q: bool) -> int:
-        """Draft one token into `block` (fed back to the cache unless it ends the caption)."""
+    def draft(self, block: Block, needs_q: bool, feed: bool = True) -> int:
+        """Draft one token into `block`; fed back to the cache unless it ends the caption, or unless
+        `feed` is False (the caller feeds it with `feed_drafted`, or leaves it to `align`)."""
         rule = self.s.rule
         if rule.edge_distribution is not None:  # Q-S / S-Q: the quantized distribution travels
             p = torch.softmax(self.logits.double() / self.s.temperature, dim=-1)
@@ -94,15 +112,34 @@ class EdgeHalf:
         block.stats.append(stats)
         if needs_q:
             block.q.append(q)
+        if self.keep_context:  # float16 values, as the traces keep them
+            block.context.append(self.state.half().float())
+        if feed:
+            self.feed_drafted(block)
+        return tok
+
+    def feed_drafted(self, block: Block) -> None:
+        """Feed the block's last drafted token back to the cache (an end token is never fed)."""
+        tok = block.tokens[-1]
         h = self.feed(tok, self.keep_hidden) if tok != self.lm.eos_token_id else None
         if self.keep_hidden:  # as it travels: float16
             block.hidden.append(None if h is None else h.half().float())
-        return tok
+
+    def align(self, committed: list[int], then: list[int] = ()) -> None:
+        """After a verdict: make the cache hold `committed` followed by `then` (the cloud's token).
+        Drafted tokens past `committed` are rolled back; committed tokens not yet fed (a deferred
+        flagged token the cloud accepted) go in with `then`, in one forward."""
+        if self.cached > len(committed):
+            self.truncate(len(committed))
+        rest = list(committed[self.cached:]) + list(then)
+        if rest:
+            self._extend(rest)
 
     def truncate(self, length: int) -> None:
         """Crop the cache to the first `length` caption tokens (after a rejection)."""
         self.sess.rollback(self.cached - length)
         self.cached = length
+        self.state = None  # no longer the last state; the next feed brings the current one
 
 
 class CloudHalf:

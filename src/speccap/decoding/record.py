@@ -40,6 +40,7 @@ class CaptionRecord:
     position_checked: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     cloud_tokens: int = 0  # token positions the cloud ran a forward over (prompt and audio included)
+    edge_fed: int = 0  # caption tokens the edge fed into its cache (its decoding forwards' tokens)
     bytes_up: int = 0
     bytes_down: int = 0
     packets: list[dict] = field(default_factory=list)
@@ -74,7 +75,7 @@ class CaptionRecord:
             "aal": self.accepted / self.rounds if self.rounds else 0.0,
             "rho": self.transmitted / self.drafted if self.drafted else 0.0,
             "bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "retransmissions": self.retransmissions,
-            "cloud_tokens": self.cloud_tokens, "in_flight": self.in_flight, "wait_time": self.wait_time,
+            "cloud_tokens": self.cloud_tokens, "edge_fed": self.edge_fed, "in_flight": self.in_flight, "wait_time": self.wait_time,
             "wasted": self.wasted, "stale": self.stale,
             "position_checked": self.position_checked, "position_accepted": self.position_accepted,
         }

@@ -29,6 +29,9 @@ class Block:
     # (H,) edge last-layer hidden state of each drafted token, as it travels (float16 values; None
     # for an end-of-sequence token, which is never fed back): WISV and its traces read these
     hidden: list[torch.Tensor | None] = field(default_factory=list)
+    # (H,) edge last-layer hidden state BEFORE each drafted token (the state whose distribution drafted
+    # it; float16 values): what a learned token gate reads, known before the token is fed back
+    context: list[torch.Tensor] = field(default_factory=list)
     # context a learned gate reads: the share of escalated draft tokens the cloud accepted so far in
     # this caption (None before the first verdict), a summary of the clip's audio, the language
     accept_rate: float | None = None

@@ -45,8 +45,10 @@ def block_features(block: Block) -> np.ndarray:
 # traces, gating.shadow) and rows at run time (a pending block that restarts after every
 # verification) mean the same: the edge's uncertainty about the token, where it sits in the
 # caption, whether it ends the caption, the clip, the token's id (LightGBM reads it as a
-# category) and the edge's last-layer hidden state after the token (zeros for an end token,
-# which is never fed back), as it would travel: float16 values.
+# category) and the edge's last-layer hidden state BEFORE the token (block.context: the state whose
+# distribution drafted it, float16 values). Read before the token is fed back, so a gate decides
+# without an edge forward, and a token the cloud replaces never costs one. The state after the
+# token ranked critical mismatches no better on the traces (benchmarks/gate_hidden.py).
 TOKEN_SCALARS = ("entropy", "top1", "margin", "logprob", "log_rank", "pos_in_caption", "is_end", "zh") + AUDIO
 
 
@@ -56,7 +58,7 @@ def hidden_names(dim: int) -> tuple[str, ...]:
 
 def token_rows(block: Block, dim: int, eos: int, first: int = 0) -> np.ndarray:
     """(len(block) - first, len(TOKEN_SCALARS) + 1 + dim) float32 rows: the scalars, the token id,
-    the hidden state (`dim` values; block.hidden must hold the states, None for an end token)."""
+    the hidden state before the token (`dim` values from block.context)."""
     n = len(block) - first
     rows = np.zeros((max(n, 0), len(TOKEN_SCALARS) + 1 + dim), dtype=np.float32)
     audio = tuple(block.audio) + (0.0,) * (len(AUDIO) - len(block.audio))
@@ -66,7 +68,7 @@ def token_rows(block: Block, dim: int, eos: int, first: int = 0) -> np.ndarray:
                                         block.start + i, block.tokens[i] == eos, block.language == "zh") + \
             audio[:len(AUDIO)]
         rows[r, len(TOKEN_SCALARS)] = block.tokens[i]
-        h = block.hidden[i] if i < len(block.hidden) else None
+        h = block.context[i] if i < len(block.context) else None
         if h is not None and dim:
             rows[r, len(TOKEN_SCALARS) + 1:] = np.asarray(h, dtype=np.float32)[:dim]
     return rows

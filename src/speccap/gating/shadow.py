@@ -5,7 +5,7 @@ A token gate mostly follows the edge's trajectory, and after a verified token th
 the caption. So a clip's trace is:
 
 1. the edge writes its caption greedily (the edge-only caption), keeping per token what a token
-   gate reads (gating.features.token_rows: its uncertainty, the token, its hidden state);
+   gate reads (gating.features.token_rows: its uncertainty, the token, its hidden state before it);
 2. ONE cloud forward over the prompt and that caption scores every edge token at once: its rank
    under the cloud and the cloud's own token there; a mismatch is a token the rank rule would
    replace (rank > R), the end of the caption included;
@@ -54,51 +54,46 @@ def impact(fix: tuple[float, float], keep: tuple[float, float], with_emotion: bo
 
 def edge_trajectory(edge: AudioLM, mel: np.ndarray, language: str, max_new_tokens: int) -> Block:
     """The edge's greedy caption as one block: tokens (the end token included when it comes),
-    their statistics and hidden states as a token gate sees them in the loop."""
+    their statistics and the hidden state before each (block.context), as a token gate sees them
+    in the loop."""
     block = Block(start=0, audio=audio_summary(mel), language=language)
     sess = edge.start(mel, language)
-    logits = sess.prefill_logits
+    logits, state = sess.prefill_logits, sess.prefill_hidden
     while len(block) < max_new_tokens:
         tok = int(logits.argmax())
         stats, _ = token_stats(logits, tok)
         block.tokens.append(tok)
         block.stats.append(stats)
+        block.context.append(state.half().float())
         if tok == edge.eos_token_id:
-            block.hidden.append(None)
             break
         out = sess.extend([tok], True)
-        logits = out.logits[-1]
-        block.hidden.append(out.hidden[-1].half().float())
+        logits, state = out.logits[-1], out.hidden[-1]
     return block
 
 
 def trajectory_block(edge: AudioLM, mel: np.ndarray, language: str, committed: list[int],
                      max_new_tokens: int) -> Block:
     """What the edge drafted at each position of a committed caption (token ids, no end token): its
-    greedy token given the committed prefix, with the statistics and hidden state a token gate
-    reads there, and one position past the caption (the end it drafted, or the token the cloud
-    replaced by the end) unless the caption is `max_new_tokens` long. One teacher-forced pass over
-    the caption, plus one token for each position where the loop committed something else."""
+    greedy token given the committed prefix, with the statistics and the hidden state before it
+    that a token gate reads there, and one position past the caption (the end it drafted, or the
+    token the cloud replaced by the end) unless the caption is `max_new_tokens` long. One
+    teacher-forced pass over the caption: everything a gate reads at a position comes from the
+    committed prefix before it."""
     block = Block(start=0, audio=audio_summary(mel), language=language)
     sess = edge.start(mel, language)
-    prompt = sess.length
-    rows = [sess.prefill_logits]
-    hidden = []
+    rows, states = [sess.prefill_logits], [sess.prefill_hidden]
     if committed:
         out = sess.extend(list(committed), True)
         rows += [out.logits[k] for k in range(len(committed))]
-        hidden = [out.hidden[k].half().float() for k in range(len(committed))]
+        states += [out.hidden[k] for k in range(len(committed))]
     n = len(committed) + (len(committed) < max_new_tokens)
-    drafted = [int(rows[j].argmax()) for j in range(n)]
     for j in range(n):
-        stats, _ = token_stats(rows[j], drafted[j])
-        block.tokens.append(drafted[j])
+        tok = int(rows[j].argmax())
+        stats, _ = token_stats(rows[j], tok)
+        block.tokens.append(tok)
         block.stats.append(stats)
-        block.hidden.append(hidden[j] if j < len(committed) and drafted[j] == committed[j] else None)
-    for j in reversed(range(n)):  # the drafts the loop did not keep: their own hidden state, one token each
-        if block.hidden[j] is None and drafted[j] != edge.eos_token_id:
-            sess.rollback(sess.length - prompt - j)
-            block.hidden[j] = sess.extend([drafted[j]], True).hidden[-1].half().float()
+        block.context.append(states[j].half().float())
     return block
 
 
@@ -114,7 +109,7 @@ def shadow_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str
     else:
         block = trajectory_block(edge, mel, language, committed, settings.max_new_tokens)
         path = list(committed)
-    dim = next((int(h.shape[-1]) for h in block.hidden if h is not None), 0)
+    dim = int(block.context[0].shape[-1]) if block.context else 0
     x = token_rows(block, dim, eos)
     # the cloud's view of every edge draft, from one forward over the caption
     csess = cloud.start(mel, language)

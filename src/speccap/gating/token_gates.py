@@ -1,7 +1,7 @@
 """Learned token gates: classifiers on the on-policy traces that score each token as it is drafted.
 
 Features (gating.features.token_rows): the edge's uncertainty about the token, its position, the
-clip, the token's id and the edge's last-layer hidden state after it. Targets: `critical` (the
+clip, the token's id and the edge's last-layer hidden state before it (the state that drafted it). Targets: `critical` (the
 cloud would replace it AND the correction gains quality, gating.shadow) or `mismatch` (the cloud
 would replace it). Three classifiers:
 
@@ -115,7 +115,7 @@ class TokenGateModel:
     kind: str
     target: str
     dim: int  # edge hidden size
-    eos: int  # the end token's id (its row has is_end = 1 and no hidden state)
+    eos: int  # the end token's id (its row has is_end = 1)
     clf: object
     meta: dict = field(default_factory=dict)
     level: str = "token"
@@ -125,7 +125,8 @@ class TokenGateModel:
         return token_columns(self.dim)
 
     def _inputs(self, x: np.ndarray) -> np.ndarray:
-        """logistic / mlp: without the raw token id (ids have no order); the hidden state says the token."""
+        """logistic / mlp: without the raw token id (ids have no order); the token's uncertainty and
+        the state that drafted it stand for it (LightGBM reads the id as a category)."""
         return np.delete(x, len(TOKEN_SCALARS), axis=1)
 
     def token_scores(self, x: np.ndarray) -> np.ndarray:

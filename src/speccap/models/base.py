@@ -28,6 +28,7 @@ class Session(ABC):
     """The KV-cached state of one caption on one model."""
 
     prefill_logits: torch.Tensor  # (V,) distribution of the first caption token
+    prefill_hidden: torch.Tensor  # (H,) float32 last-layer hidden state at the prompt's last position
     prompt_len: int  # positions the prefill covered (prompt and audio placeholders)
 
     @property

@@ -116,8 +116,10 @@ class ThinkerSession(Session):
         fmask = torch.ones(1, n_frames, dtype=torch.long, device=lm.device)
         positions, delta = model.model.get_rope_index(ids, None, None, attn, False, fmask.sum(-1), None)
         out = model(input_ids=ids, input_features=feats[None].to(lm.dtype), feature_attention_mask=fmask,
-                    attention_mask=attn, position_ids=positions, use_cache=True)
+                    attention_mask=attn, position_ids=positions, use_cache=True, output_hidden_states=True)
         self.cache = out.past_key_values
+        # the state that drafts the first caption token (what a token gate reads before it)
+        self.prefill_hidden = out.hidden_states[-1][0, -1].float()
         self.prompt_len = ids.shape[1]
         self.rope_delta = int(delta.reshape(-1)[0])
         self.blocked = lm.blocked_ids(language)

@@ -12,8 +12,9 @@ reaches 0 is marked as noise.
 
 Latency on the papers' hardware (edge 2.10 and cloud 24.16 tokens/s, seed 000 Table 2: a 3B edge
 on 2 CPU cores, a 7B cloud on a GPU; the link of params.link): counted in model steps, not scaled
-from this machine's measured compute. The blocking loop's time is its edge forwards (drafted
-tokens and the cloud tokens fed back) / 2.10 + its cloud forwards (one per verification: a few
+from this machine's measured compute. The blocking loop's time is its edge forwards (the tokens
+it fed: drafts and the cloud tokens; a token gate's flagged draft that the cloud replaced is never
+fed, decoding.halves) / 2.10 + its cloud forwards (one per verification: a few
 tokens in one forward cost a GPU about one decoding step) / 24.16 + the link model's time;
 edge-only and cloud-only are their tokens at their rates (+ the link for cloud-only). Prefill is
 left out on every side. Scaling the measured compute instead (the engine's time scales) multiplies
@@ -213,7 +214,10 @@ def papers_seconds(m: dict, method: str) -> float:
         return (m["tokens"] + 1) / PAPER_EDGE_OTPS  # + 1: the step that picks the end token
     if method == "cloud":
         return (m["tokens"] + 1) / PAPER_CLOUD_OTPS + m.get("link_time", 0.0)
-    edge_steps = m.get("drafted", 0.0) + m.get("corrected", 0.0) + m.get("bonus", 0.0)
+    if "edge_fed" in m:  # the tokens the edge really fed (a deferred token the cloud replaced is not)
+        edge_steps = m["edge_fed"] + 1
+    else:  # records from before the count: every draft fed, and every cloud token after it
+        edge_steps = m.get("drafted", 0.0) + m.get("corrected", 0.0) + m.get("bonus", 0.0)
     return edge_steps / PAPER_EDGE_OTPS + m.get("rounds", 0.0) / PAPER_CLOUD_OTPS + m.get("link_time", 0.0)
 
 

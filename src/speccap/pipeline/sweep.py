@@ -319,7 +319,7 @@ def summarize(cfg: RunConfig, records: list[dict], clips: list[dict]) -> dict:
             "rounds", "drafted", "transmitted", "accepted", "corrected", "bonus", "tolerated", "hidden_requests",
             "bytes_up", "bytes_down",
             "cpu_percent", "ram_gb", "gpu_percent", "gpu_memory_gb", "wall_time", "model_time", "cloud_tokens",
-            "wait_time", "wasted", "stale")
+            "edge_fed", "wait_time", "wasted", "stale")
     for k in keys:
         vals = [r[k] for r in records if k in r]
         if vals:
