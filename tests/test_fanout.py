@@ -42,6 +42,23 @@ def test_a_dying_worker_is_a_clear_error_within_seconds(how, name):
     assert e.done == len(got) and set(got) <= set(range(60)) - {13} and len(got) >= 5
 
 
+def test_the_dead_worker_is_named_even_when_the_executor_has_already_dropped_it(monkeypatch):
+    # as the executor breaks it may remove the dead worker from its own table before the pool looks:
+    # then only the survivor it terminated (SIGTERM) is left there, and that one must not be blamed
+    pool = WorkerPool(_work, 2, stage="demo")
+    died = pool._died
+
+    def after_the_executor_dropped_it(lost):
+        procs = pool._executor._processes
+        for pid in [pid for pid, p in procs.items() if p.exitcode == -signal.SIGSEGV]:
+            del procs[pid]
+        return died(lost)
+    monkeypatch.setattr(pool, "_died", after_the_executor_dropped_it)
+    with pytest.raises(WorkerDied) as err:
+        list(pool.imap_unordered([("SIGSEGV", i) for i in range(40)], key=lambda x: f"item {x[1]}"))
+    assert err.value.exitcode == -signal.SIGSEGV and err.value.item == "item 13"
+
+
 def test_an_exception_in_the_task_propagates_unchanged():
     with pytest.raises(ValueError, match="item 13 is bad"):
         list(fan_out(_work, [("raise", i) for i in range(20)], 2, stage="demo"))

@@ -106,6 +106,9 @@ class WorkerPool:
         self.closed = False
         self._marks = None
         self._executor = None
+        # every worker process seen, kept here: the executor drops a dead one from its own table as it
+        # breaks, and then only the survivors it terminated itself would be left to name
+        self._procs: dict = {}
         if workers <= 0:
             if initializer is not None:
                 initializer(*initargs)
@@ -137,6 +140,7 @@ class WorkerPool:
                     pending[self._executor.submit(_call, k, item)] = k
                 except BrokenProcessPool:
                     raise self._died(len(pending) + 1) from None
+                self._procs.update(getattr(self._executor, "_processes", None) or {})
 
         submit_more()
         while pending:
@@ -153,7 +157,7 @@ class WorkerPool:
 
     def _died(self, lost: int) -> WorkerDied:
         """The worker that died, its exit code and the item it had started, then the pool shut down."""
-        procs = dict(getattr(self._executor, "_processes", None) or {})
+        procs = {**self._procs, **(getattr(self._executor, "_processes", None) or {})}
         for p in procs.values():
             p.join(timeout=5)  # the executor terminates the survivors; let their exit codes settle
         codes = {pid: p.exitcode for pid, p in procs.items()}
