@@ -44,14 +44,17 @@ def wisv_head_flow(params_path: str | None = None) -> dict:
     report["head_key"] = key
     tracker = Tracker(params.tracking.uri, params.tracking.experiment)
     ex = judged(tables["val"]).head(3)
-    example = pd.concat([pd.DataFrame(ex["h_edge"].tolist()).add_prefix("e"),
-                         pd.DataFrame(ex["h_cloud"].tolist()).add_prefix("c"),
-                         pd.DataFrame([[1.3, 2.0, 0.05, 0.0]] * len(ex)).add_prefix("csi")], axis=1).astype("float32")
+    parts = [pd.DataFrame(ex["h_edge"].tolist()).add_prefix("e"), pd.DataFrame(ex["h_cloud"].tolist()).add_prefix("c"),
+             pd.DataFrame([[1.3, 2.0, 0.05, 0.0]] * len(ex)).add_prefix("csi")]
+    if w.scalars:
+        parts.append(pd.DataFrame(ex["c_scalars"].tolist()).add_prefix("s"))
+    example = pd.concat(parts, axis=1).astype("float32")
     metrics = {k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     _, version = tracker.log_wisv_head(
         w.registry_name, f"wisv-head-{key}", path, example,
         {"wisv": {k: v for k, v in w.__dict__.items() if k != "channels"}, "traces_key": traces_key(params, settings)},
-        metrics, artifacts=[path.parent / "head_vs_channel.png", path.with_suffix(".json")],
+        metrics, artifacts=[path.parent / "head_vs_channel.png", path.parent / "calibration.png",
+                                           path.with_suffix(".json")],
         tags={"stage": "wisv_head", "head_key": key})
     report["version"] = version
     (path.parent / "report.json").write_text(json.dumps(report, indent=1))

@@ -262,8 +262,12 @@ class WisvParams:
     csi_draws: int = 4  # channels drawn per traced caption
     hidden: int = 64  # head width
     dropout: float = 0.1
-    epochs: int = 300
+    epochs: int = 300  # at most: early stopping on held-out captions ends it sooner (patience)
     lr: float = 0.01
+    rank: int = 8  # each hidden state through a learned projection to this many dims (0 = raw concatenation)
+    scalars: bool = True  # the head also reads the cloud's scalars about the token (gating.wisv.CLOUD_SCALARS)
+    weight_decay: float = 0.01
+    patience: int = 30  # epochs without a better held-out loss before training stops (0 = no early stopping)
     tau: float = 0.5  # tolerate a mismatch when P(reject) < tau
     protocol: str = "auto"  # full | selective | auto (per round, on the link model)
     registry_name: str = "speccap-wisv-head"
@@ -463,6 +467,8 @@ def _validate(p: Params) -> None:
     if not 0 <= w.tau <= 1 or not 0 <= w.budget_min <= w.budget_max <= 1 or not 0 <= w.kappa < 1:
         raise ConfigError("params keys wisv.tau (in [0, 1]), wisv.budget_min <= wisv.budget_max (in [0, 1]), "
                           "wisv.kappa (in [0, 1))")
+    if w.rank < 0 or w.patience < 0 or w.weight_decay < 0:
+        raise ConfigError("params keys wisv.rank, wisv.patience, wisv.weight_decay must be >= 0")
     if w.csi_draws < 1 or w.hidden < 1 or w.epochs < 1 or not w.block_lens or min(w.block_lens) < 1 \
             or w.traces.block_len < 1 or not w.channels:
         raise ConfigError("params keys wisv.csi_draws, wisv.hidden, wisv.epochs, wisv.block_lens, "
@@ -570,6 +576,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
                 "data.languages", "tracking.experiment"),
     "wisv_head": ("seed", "wisv.traces", "wisv.kappa", "wisv.policy_temperature", "wisv.budget_min",
                   "wisv.budget_max", "wisv.csi_draws", "wisv.hidden", "wisv.dropout", "wisv.epochs", "wisv.lr",
+                  "wisv.rank", "wisv.scalars", "wisv.weight_decay", "wisv.patience",
                   "wisv.registry_name", "models.max_new_tokens", "data.languages", "tracking.experiment"),
     "wisv_eval": ("seed", "wisv", "decode.rank", "sweep.workers", "sweep.threads", "models.max_new_tokens",
                   "data.languages", "tracking.experiment"),

@@ -275,9 +275,10 @@ def _wisv_pyfunc():
     import mlflow.pyfunc
 
     class WisvHeadModel(mlflow.pyfunc.PythonModel):
-        """Rows in: columns e0..e{De-1} (edge hidden state), c0..c{Dc-1} (cloud hidden state) and
-        csi0..csi3 (gating.wisv.CSI.vector: log10 up/down Mbps, RTT/100 ms, 10 x loss). Out per
-        row: p_reject and reject (p_reject >= tau: the mismatch is repaired)."""
+        """Rows in: columns e0..e{De-1} (edge hidden state), c0..c{Dc-1} (cloud hidden state),
+        csi0..csi3 (gating.wisv.CSI.vector: log10 up/down Mbps, RTT/100 ms, 10 x loss) and, for a
+        head that reads them, s0..s3 (gating.wisv.CLOUD_SCALARS). Out per row: p_reject and reject
+        (p_reject >= tau: the mismatch is repaired)."""
 
         def load_context(self, context):
             import json
@@ -293,11 +294,11 @@ def _wisv_pyfunc():
             import torch
             de, dc, dk = self.head.dims
             cols = {"e": [f"e{i}" for i in range(de)], "c": [f"c{i}" for i in range(dc)],
-                    "csi": [f"csi{i}" for i in range(dk)]}
+                    "csi": [f"csi{i}" for i in range(dk)], "s": [f"s{i}" for i in range(self.head.d_scalar)]}
             missing = [c for group in cols.values() for c in group if c not in model_input.columns]
             if missing:
                 raise ValueError(f"WISV head input lacks {len(missing)} column(s), first {missing[:3]}")
-            x = [torch.from_numpy(model_input[c].to_numpy(np.float32)) for c in cols.values()]
+            x = [torch.from_numpy(model_input[c].to_numpy(np.float32)) for c in cols.values() if c]
             with torch.no_grad():
                 p = self.head(*x).numpy()
             return pd.DataFrame({"p_reject": p, "reject": p >= self.tau})

@@ -44,6 +44,30 @@ H = [torch.zeros(D)] * 4
 CSI_OK = CSI(20, 100, 5)
 
 
+class ScalarHead(DecisionHead):
+    """Reads the cloud's scalars too; keeps what it was given."""
+
+    def __init__(self):
+        super().__init__(D, D, d_scalar=4)
+
+    def forward(self, h_edge, h_cloud, csi, scalars=None):
+        self.seen = scalars
+        return torch.full((len(h_edge),), 0.9)
+
+
+def test_a_head_that_reads_the_clouds_scalars_gets_them_at_each_asked_mismatch():
+    from speccap.gating.wisv import cloud_scalars
+    rows = torch.randn(5, 10)
+    tops = rows.argmax(-1).tolist()
+    draft = [tops[0], (tops[1] + 1) % 9, tops[2], (tops[3] + 2) % 9]  # mismatches at 1 and 3
+    head = ScalarHead()
+    v = WISV(head, 0.5).verify_hidden(draft, rows, H, torch.zeros(5, D), CSI_OK, 9)
+    assert v.asked == [1, 3] and v.corrected and v.accepted == 1
+    want = np.stack([cloud_scalars(rows[i], draft[i]) for i in (1, 3)])
+    np.testing.assert_array_equal(head.seen.numpy(), want)
+    assert want[0, 3] == pytest.approx(np.log(v.ranks[1]))
+
+
 def test_verdicts_on_known_rows():
     eos = 9
     rows = rows_with_argmax([1, 2, 3, 4, 5])  # the cloud's argmax at each position, then the bonus row

@@ -7,6 +7,7 @@ import io
 import json
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -40,8 +41,20 @@ def test_wisv_chain_end_to_end(own_project, tmp_path):
     ex = judged.head(2)
     rows = pd.concat([pd.DataFrame(ex["h_edge"].tolist()).add_prefix("e"),
                       pd.DataFrame(ex["h_cloud"].tolist()).add_prefix("c"),
-                      pd.DataFrame([[2.0, 2.0, 0.05, 0.0]] * 2).add_prefix("csi")], axis=1).astype("float32")
+                      pd.DataFrame([[2.0, 2.0, 0.05, 0.0]] * 2).add_prefix("csi"),
+                      pd.DataFrame(ex["c_scalars"].tolist()).add_prefix("s")], axis=1).astype("float32")
     out = model.predict(rows)
+    # the same numbers as the head itself (low-rank projections, the cloud's scalars)
+    import torch
+
+    from speccap.gating.wisv import load_head
+    head = load_head(tmp_path / "models/wisv/head.pt")
+    assert head.rank == report["rank"] > 0 and head.d_scalar == 4
+    with torch.no_grad():
+        direct = head(*(torch.tensor(rows[[c for c in rows.columns if c.startswith(p) and c[len(p):].isdigit()]].values)
+                        for p in ("e", "c", "csi", "s"))).numpy()
+    np.testing.assert_allclose(out["p_reject"].to_numpy(), direct, rtol=1e-5)
+    assert (tmp_path / "models/wisv/calibration.png").exists() and report["fit_best_epoch"] >= 1
     assert list(out.columns) == ["p_reject", "reject"] and ((out["p_reject"] >= 0) & (out["p_reject"] <= 1)).all()
     with pytest.raises(Exception, match="csi0"):  # the signature names the missing column
         model.predict(rows.drop(columns=["csi0"]))

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 
 from speccap.decoding.engine import SpecSettings, speculative
@@ -8,6 +9,7 @@ from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.verify import Rank
 from speccap.gating.traces import NO_LINK, TraceSettings, finish, quality, trace_caption
+from speccap.gating.wisv import cloud_scalars
 
 from ..decoding.test_engine import audio, pair  # noqa: F401  (fixtures)
 
@@ -68,3 +70,8 @@ def test_hidden_traces_keep_both_states_at_judged_mismatches(pair, audio):
         for lm, key in ((edge, "h_edge"), (cloud, "h_cloud")):
             want = lm.start(audio[1], "en").extend(ids[:r["pos"]] + [r["token"]], return_hidden=True).hidden[-1]
             assert torch.allclose(torch.tensor(r[key]), want.half().float(), atol=2e-2), key
+        # and the cloud's scalars are those of its distribution at that position
+        sess = cloud.start(audio[1], "en")
+        logits = sess.extend(ids[:r["pos"]]).logits[-1] if r["pos"] else sess.prefill_logits
+        np.testing.assert_allclose(r["c_scalars"], cloud_scalars(logits, r["token"]), rtol=1e-3, atol=1e-3)
+        assert r["c_scalars"][3] == pytest.approx(np.log(r["cloud_rank"]))

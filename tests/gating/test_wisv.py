@@ -75,6 +75,39 @@ def test_head_learns_on_a_tiny_trace_set():
         train_head(h_edge[:10], h_cloud[:10], csi[:10], np.zeros(10))
 
 
+def test_low_rank_head_reads_the_scalars_and_stops_early_on_held_out_captions():
+    rng = np.random.default_rng(2)
+    n, d = 1200, 24
+    h_edge, h_cloud = rng.standard_normal((n, d)), rng.standard_normal((n, d))
+    csi = np.stack([c.vector() for c in draw_csi(rng, n)])
+    scalars = rng.standard_normal((n, 4)).astype(np.float32)
+    groups = np.repeat(np.arange(n // 6), 6)
+    # repaired when the cloud finds the token unlikely (scalar 0), more so along one hidden direction
+    labels = (scalars[:, 0] + 0.4 * (h_edge[:, 3] + h_cloud[:, 5]) < -0.5).astype(int)
+    tr, te = slice(0, 900), slice(900, n)
+    head = train_head(h_edge[tr], h_cloud[tr], csi[tr], labels[tr], epochs=400, lr=1e-2, scalars=scalars[tr],
+                      rank=4, weight_decay=1e-3, groups=groups[tr], patience=25)
+    assert head.rank == 4 and head.d_scalar == 4 and head.proj_edge.weight.shape == (4, d)
+    assert head.history["held_out_rows"] > 0 and head.history["best_epoch"] <= head.history["epochs_run"]
+    x = [torch.tensor(a[te], dtype=torch.float32) for a in (h_edge, h_cloud, csi, scalars)]
+    with torch.no_grad():
+        p = head(*x).numpy()
+    from sklearn.metrics import roc_auc_score
+    blind = train_head(h_edge[tr], h_cloud[tr], csi[tr], labels[tr], epochs=400, lr=1e-2, rank=4, weight_decay=1e-3,
+                       groups=groups[tr], patience=25)
+    with torch.no_grad():
+        p_blind = blind(*x[:3]).numpy()
+    # half of the rule is in the scalars: the head that reads them ranks far better than one that cannot
+    assert roc_auc_score(labels[te], p) > 0.9 > roc_auc_score(labels[te], p_blind) + 0.15
+    with pytest.raises(ValueError, match="scalars"):
+        head(*x[:3])
+    # labels that nothing predicts: the held-out loss stops improving early and training ends there
+    noise = rng.integers(0, 2, n)
+    idle = train_head(h_edge, h_cloud, csi, noise, epochs=400, lr=3e-2, scalars=scalars, rank=4, groups=groups,
+                      patience=10)
+    assert idle.history["epochs_run"] < 400 and idle.history["best_epoch"] < idle.history["epochs_run"]
+
+
 def test_head_dataset_relabels_each_episode_under_several_channels():
     import pandas as pd
 
@@ -85,6 +118,10 @@ def test_head_dataset_relabels_each_episode_under_several_channels():
             for c in ("a", "b") for p, k in zip((2, 5, 9, 30), (1, 1, 0, 1))]
     ds = head_dataset(pd.DataFrame(rows), np.random.default_rng(1), csi_draws=3)
     assert ds["h_edge"].shape == (24, 6) and ds["h_cloud"].shape == (24, 10) and ds["csi"].shape == (24, 4)
+    assert ds["scalars"].shape == (24, 0) and sorted(set(ds["group"])) == [0, 1]
+    with_scalars = head_dataset(pd.DataFrame([r | {"c_scalars": [float(r["pos"])] * 4} for r in rows]),
+                                np.random.default_rng(1), csi_draws=3)
+    assert with_scalars["scalars"].shape == (24, 4) and with_scalars["scalars"][0, 0] == 2.0
     assert (ds["label"] <= ds["critical"]).all()  # labels only relax
     assert ds["critical"].sum() == 18 and len(np.unique(ds["quality"])) == 6  # 3 channels per episode
     with pytest.raises(ValueError, match="no judged mismatches"):
@@ -98,6 +135,16 @@ def test_saved_head_loads_back_and_bad_files_are_named(tmp_path):
     back = load_head(tmp_path / "wisv/head.pt")
     x = [torch.randn(5, 6), torch.randn(5, 10), torch.randn(5, 4)]
     assert torch.equal(head(*x), back(*x)) and back.dims == (6, 10, 4)
+    # a low-rank head with the cloud's scalars keeps its projections and input statistics
+    rng = np.random.default_rng(0)
+    low = DecisionHead(6, 10, hidden=16, rank=3, d_scalar=4)
+    low.standardize_with(rng.standard_normal((50, 6)) * 3 + 1, rng.standard_normal((50, 10)), rng.random((50, 4)))
+    low.eval()
+    save_head(low, tmp_path / "wisv/low.pt", {"tau": 0.5})
+    back = load_head(tmp_path / "wisv/low.pt")
+    x4 = x + [torch.randn(5, 4)]
+    assert (back.rank, back.d_scalar) == (3, 4) and torch.equal(low(*x4), back(*x4))
+    assert torch.equal(back.edge_mean, low.edge_mean) and not torch.all(back.edge_mean == 0)
     assert '"tau": 0.4' in (tmp_path / "wisv/head.json").read_text()
     with pytest.raises(FileNotFoundError, match="wisv_head"):
         load_head(tmp_path / "missing.pt")

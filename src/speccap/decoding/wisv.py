@@ -2,8 +2,9 @@
 mismatch through.
 
 The cloud compares each draft token with its own argmax. Where they differ, the decision head
-(gating.wisv.DecisionHead) reads the edge's and the cloud's last-layer hidden states of that token
-and the channel state, and gives P(reject). The mismatch is tolerated (the draft token accepted)
+(gating.wisv.DecisionHead) reads the edge's and the cloud's last-layer hidden states of that token,
+the channel state and what the cloud's own forward says about the token (gating.wisv.cloud_scalars:
+its probability, rank, the cloud's top-1 probability and entropy), and gives P(reject). The mismatch is tolerated (the draft token accepted)
 when P(reject) < tau; the first mismatch the head rejects is replaced by the cloud's argmax, as in
 greedy verification. With tau = 0 the rule IS greedy verification. Mismatches about the end of the
 caption (the draft ends it, or the cloud would end it) are never tolerated: the head was not
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..gating.wisv import CSI, DecisionHead
+from ..gating.wisv import CSI, DecisionHead, cloud_scalars
 from .link import Link
 from .verify import Rule, Verdict, cloud_rank
 
@@ -83,7 +84,9 @@ class WISV(Rule):
                                  f"these models give {(he.shape[-1], hc.shape[-1])}: train it for these models")
             with torch.no_grad():
                 c = torch.from_numpy(np.repeat(csi.vector()[None], len(asked), axis=0))
-                p_reject = dict(zip(asked, self.head(he, hc, c).tolist()))
+                extra = (torch.from_numpy(np.stack([cloud_scalars(rows[i], draft[i]) for i in asked])),) \
+                    if self.head.d_scalar else ()
+                p_reject = dict(zip(asked, self.head(he, hc, c, *extra).tolist()))
         tolerated = 0
         for i, tok in enumerate(draft):
             ranks.append(cloud_rank(rows[i], tok))

@@ -26,6 +26,7 @@ from ..decoding.verify import Rank, cloud_rank
 from ..metrics.caption import score_captions
 from ..models.base import AudioLM
 from .features import FEATURES, block_features
+from .wisv import cloud_scalars
 
 NO_LINK = LinkConfig(name="none", uplink_mbps=1e6, downlink_mbps=1e6, rtt_ms=0.0, overhead_bytes=0)
 
@@ -90,7 +91,8 @@ def trace_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str,
             # WISV's head judges a token's content, not where the caption ends: none for end-of-caption mismatches
             if settings.hidden and first_reject == i and block.hidden[i] is not None and \
                     row["cloud_argmax"] != cloud.eos_token_id:
-                row.update(h_edge=block.hidden[i].tolist(), h_cloud=cloud_hidden[i].half().float().tolist())
+                row.update(h_edge=block.hidden[i].tolist(), h_cloud=cloud_hidden[i].half().float().tolist(),
+                           c_scalars=cloud_scalars(cloud_rows[i], tok).tolist())
             rows.append(row)
 
     spec = SpecSettings(gate=Always(), rule=Rank(settings.rank), policy=Fixed(settings.block_len),

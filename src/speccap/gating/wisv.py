@@ -128,41 +128,135 @@ def draw_csi(rng: np.random.Generator, n: int) -> list[CSI]:
     return out
 
 
-class DecisionHead(nn.Module):
-    """P(reject) from [edge hidden, cloud hidden, CSI]: 2 layers, ReLU, dropout, sigmoid."""
+# What the cloud's verify forward says about a draft token, for free: its log-probability under the
+# cloud (floored), the cloud's top-1 probability and entropy, and the log of the token's rank
+CLOUD_SCALARS = ("cloud_logp_draft", "cloud_top1", "cloud_entropy", "cloud_log_rank")
 
-    def __init__(self, d_edge: int, d_cloud: int, d_csi: int = 4, hidden: int = 64, dropout: float = 0.1):
+
+def cloud_scalars(logits: torch.Tensor, token: int) -> np.ndarray:
+    """CLOUD_SCALARS of `token` from the cloud's logits at its position (the traces and the rule
+    call this same function, so training and serving read the same numbers)."""
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    p = logp.exp()
+    lp = float(logp[token])
+    rank = int((logp > lp).sum()) + 1
+    return np.array([max(lp, -30.0), float(p.max()), float(-(p * logp).nan_to_num().sum()), math.log(rank)],
+                    dtype=np.float32)
+
+
+class DecisionHead(nn.Module):
+    """P(reject) of a mismatch from the edge's and the cloud's hidden states of the draft token, the
+    CSI and (with `d_scalar`) the cloud's scalars about the token: 2 layers, ReLU, dropout, sigmoid.
+
+    `rank` > 0: each hidden state goes through a learned projection to `rank` dimensions first, so
+    a few thousand judged mismatches train a few thousand weights instead of tens of thousands
+    (the raw concatenation, `rank` 0, learned its training traces and nothing else). Inputs are
+    standardized with the training rows' means and spreads (kept as buffers, saved with the head)."""
+
+    def __init__(self, d_edge: int, d_cloud: int, d_csi: int = 4, hidden: int = 64, dropout: float = 0.1,
+                 rank: int = 0, d_scalar: int = 0):
         super().__init__()
         self.dims = (d_edge, d_cloud, d_csi)
-        self.net = nn.Sequential(nn.Linear(d_edge + d_cloud + d_csi, hidden), nn.ReLU(), nn.Dropout(dropout),
-                                 nn.Linear(hidden, 1))
+        self.rank, self.d_scalar = rank, d_scalar
+        if rank:
+            self.proj_edge = nn.Linear(d_edge, rank, bias=False)
+            self.proj_cloud = nn.Linear(d_cloud, rank, bias=False)
+        d_in = (2 * rank if rank else d_edge + d_cloud) + d_csi + d_scalar
+        self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1))
+        for name, d in (("edge", d_edge), ("cloud", d_cloud), ("scalar", d_scalar)):
+            self.register_buffer(f"{name}_mean", torch.zeros(d))
+            self.register_buffer(f"{name}_std", torch.ones(d))
 
-    def forward(self, h_edge: torch.Tensor, h_cloud: torch.Tensor, csi: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.net(torch.cat([h_edge, h_cloud, csi], dim=-1))).squeeze(-1)
+    def standardize_with(self, h_edge: np.ndarray, h_cloud: np.ndarray, scalars: np.ndarray | None) -> None:
+        for name, x in (("edge", h_edge), ("cloud", h_cloud), ("scalar", scalars)):
+            if x is not None and x.shape[1]:
+                getattr(self, f"{name}_mean").copy_(torch.from_numpy(x.mean(0).astype(np.float32)))
+                getattr(self, f"{name}_std").copy_(torch.from_numpy(x.std(0).astype(np.float32) + 1e-6))
+
+    def inputs(self, h_edge: torch.Tensor, h_cloud: torch.Tensor, csi: torch.Tensor,
+               scalars: torch.Tensor | None = None) -> torch.Tensor:
+        he = (h_edge - self.edge_mean) / self.edge_std
+        hc = (h_cloud - self.cloud_mean) / self.cloud_std
+        if self.rank:
+            he, hc = self.proj_edge(he), self.proj_cloud(hc)
+        parts = [he, hc, csi]
+        if self.d_scalar:
+            if scalars is None:
+                raise ValueError(f"this WISV head also reads the cloud's {self.d_scalar} scalars about each token "
+                                 f"({', '.join(CLOUD_SCALARS)})")
+            parts.append((scalars - self.scalar_mean) / self.scalar_std)
+        return torch.cat(parts, dim=-1)
+
+    def forward(self, h_edge: torch.Tensor, h_cloud: torch.Tensor, csi: torch.Tensor,
+                scalars: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.sigmoid(self.net(self.inputs(h_edge, h_cloud, csi, scalars))).squeeze(-1)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x).squeeze(-1)
 
 
+def _held_out(groups: np.ndarray | None, n: int, seed: int, share: float = 0.15) -> np.ndarray:
+    """Rows of a `share` of the groups (whole captions: rows of one caption are alike), for early
+    stopping; none without groups."""
+    if groups is None or share <= 0:
+        return np.zeros(n, bool)
+    uniq = np.unique(groups)
+    if len(uniq) < 5:
+        return np.zeros(n, bool)
+    rng = np.random.default_rng(seed)
+    return np.isin(groups, rng.choice(uniq, size=max(1, int(len(uniq) * share)), replace=False))
+
+
 def train_head(h_edge: np.ndarray, h_cloud: np.ndarray, csi: np.ndarray, labels: np.ndarray, epochs: int = 200,
-               lr: float = 1e-2, hidden: int = 64, seed: int = 0, dropout: float = 0.1) -> DecisionHead:
-    """BCE with class balancing (positives weighted by negatives / positives), full batch, Adam."""
+               lr: float = 1e-2, hidden: int = 64, seed: int = 0, dropout: float = 0.1, scalars: np.ndarray | None = None,
+               rank: int = 0, weight_decay: float = 0.0, groups: np.ndarray | None = None,
+               patience: int = 0) -> DecisionHead:
+    """BCE with class balancing (positives weighted by negatives / positives), full batch, AdamW.
+    With `groups` (a caption id per row) and `patience` > 0: early stopping on the rows of 15% of
+    the captions, held out of training: the weights of the epoch with the lowest held-out loss are
+    kept, and training stops `patience` epochs after it. `head.history` says what happened."""
     torch.manual_seed(seed)
-    x = torch.from_numpy(np.concatenate([h_edge, h_cloud, csi], axis=1).astype(np.float32))
-    y = torch.from_numpy(np.asarray(labels, dtype=np.float32))
-    pos = float(y.sum())
-    if pos == 0 or pos == len(y):
+    y_all = np.asarray(labels, dtype=np.float32)
+    held = _held_out(groups, len(y_all), seed) if patience > 0 else np.zeros(len(y_all), bool)
+    if held.all() or not y_all[~held].any() or y_all[~held].all():
+        held = np.zeros(len(y_all), bool)
+    fit = ~held
+    pos = float(y_all[fit].sum())
+    if pos == 0 or pos == fit.sum():
         raise ValueError("the head needs both repaired and tolerated mismatches to learn from")
-    head = DecisionHead(h_edge.shape[1], h_cloud.shape[1], csi.shape[1], hidden, dropout)
-    loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor((len(y) - pos) / pos))
-    opt = torch.optim.Adam(head.parameters(), lr=lr)
-    head.train()
-    for _ in range(epochs):
+    head = DecisionHead(h_edge.shape[1], h_cloud.shape[1], csi.shape[1], hidden, dropout, rank,
+                        0 if scalars is None else scalars.shape[1])
+    head.standardize_with(h_edge[fit], h_cloud[fit], None if scalars is None else scalars[fit])
+
+    def tensors(mask):
+        t = [torch.from_numpy(np.ascontiguousarray(a[mask], dtype=np.float32)) for a in (h_edge, h_cloud, csi)]
+        t.append(None if scalars is None else torch.from_numpy(np.ascontiguousarray(scalars[mask], dtype=np.float32)))
+        return t, torch.from_numpy(y_all[mask])
+
+    (xt, yt), (xv, yv) = tensors(fit), tensors(held)
+    loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor((len(yt) - pos) / pos))
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    best, best_state, best_epoch, epoch = math.inf, None, 0, 0
+    for epoch in range(1, epochs + 1):
+        head.train()
         opt.zero_grad()
-        loss = loss_fn(head.logits(x), y)
+        loss = loss_fn(head.logits(head.inputs(*xt)), yt)
         loss.backward()
         opt.step()
+        if len(yv):
+            head.eval()
+            with torch.no_grad():
+                val = float(loss_fn(head.logits(head.inputs(*xv)), yv))
+            if val < best - 1e-5:
+                best, best_epoch = val, epoch
+                best_state = {k: v.clone() for k, v in head.state_dict().items()}
+            elif epoch - best_epoch >= patience:
+                break
+    if best_state is not None:
+        head.load_state_dict(best_state)
     head.eval()
+    head.history = {"epochs_run": epoch, "best_epoch": best_epoch if best_state is not None else epoch,
+                    "held_out_rows": int(held.sum()), "held_out_loss": None if best_state is None else best}
     return head
 
 
@@ -170,22 +264,28 @@ def head_dataset(judged, rng: np.random.Generator, csi_draws: int = 4, kappa: fl
                  b_min: float = 0.2, b_max: float = 1.0) -> dict[str, np.ndarray]:
     """The head's training rows from the judged mismatches of traced captions (rows with `clip_id`,
     `pos`, `critical`, `h_edge`, `h_cloud`): every caption is an episode, relabeled under
-    `csi_draws` drawn channels. Returns h_edge, h_cloud, csi (n, 4), label and the channel quality."""
-    out: dict[str, list] = {"h_edge": [], "h_cloud": [], "csi": [], "label": [], "quality": [], "critical": []}
-    for _, ep in judged.groupby("clip_id", sort=False):
+    `csi_draws` drawn channels. Returns h_edge, h_cloud, csi (n, 4), the cloud's scalars (n, 4; from
+    column `c_scalars`, (n, 0) without it), label, the raw critical flag, the channel quality and the
+    caption each row comes from (group)."""
+    out: dict[str, list] = {"h_edge": [], "h_cloud": [], "csi": [], "label": [], "quality": [], "critical": [],
+                            "scalars": [], "group": []}
+    for g, (_, ep) in enumerate(judged.groupby("clip_id", sort=False)):
         crit = ep["critical"].to_numpy(float) > 0.5
         pos = ep["pos"].to_numpy()
         he, hc = np.stack(ep["h_edge"].to_numpy()), np.stack(ep["h_cloud"].to_numpy())
+        sc = np.stack(ep["c_scalars"].to_numpy()) if "c_scalars" in ep else np.zeros((len(ep), 0))
         for csi in draw_csi(rng, csi_draws):
             out["label"].append(relabel(pos, crit, csi, rng, kappa, temperature, b_min, b_max))
             out["h_edge"].append(he)
             out["h_cloud"].append(hc)
+            out["scalars"].append(sc)
             out["csi"].append(np.repeat(csi.vector()[None], len(ep), axis=0))
             out["quality"].append(np.full(len(ep), channel_quality(csi)))
             out["critical"].append(crit.astype(np.int64))
+            out["group"].append(np.full(len(ep), g))
     if not out["label"]:
         raise ValueError("no judged mismatches with hidden states to train the WISV head on")
-    return {k: np.concatenate(v).astype(np.float32 if k not in ("label", "critical") else np.int64)
+    return {k: np.concatenate(v).astype(np.int64 if k in ("label", "critical", "group") else np.float32)
             for k, v in out.items()}
 
 
@@ -194,8 +294,9 @@ def save_head(head: DecisionHead, path: str | Path, meta: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     d_edge, d_cloud, d_csi = head.dims
+    meta = {"rank": head.rank, "d_scalar": head.d_scalar, **meta}
     torch.save({"state": head.state_dict(), "dims": head.dims, "hidden": head.net[0].out_features,
-                "dropout": head.net[2].p}, path)
+                "dropout": head.net[2].p, "rank": head.rank, "d_scalar": head.d_scalar}, path)
     path.with_suffix(".json").write_text(json.dumps({"d_edge": d_edge, "d_cloud": d_cloud, "d_csi": d_csi, **meta},
                                                     indent=1))
 
@@ -207,8 +308,12 @@ def load_head(path: str | Path) -> DecisionHead:
                                 "dvc repro wisv_head)")
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
-        head = DecisionHead(*blob["dims"], hidden=blob["hidden"], dropout=blob["dropout"])
-        head.load_state_dict(blob["state"])
+        head = DecisionHead(*blob["dims"], hidden=blob["hidden"], dropout=blob["dropout"], rank=blob.get("rank", 0),
+                            d_scalar=blob.get("d_scalar", 0))
+        # a head saved before the standardization buffers existed reads its inputs as they come
+        missing, unexpected = head.load_state_dict(blob["state"], strict=False)
+        if unexpected or any(not k.endswith(("_mean", "_std")) for k in missing):
+            raise RuntimeError(f"weights do not fit: missing {missing}, unexpected {unexpected}")
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
         raise ValueError(f"{path}: not a WISV decision head ({type(exc).__name__}: {exc})") from None
     return head.eval()

@@ -108,7 +108,8 @@ def train_captioners(params: Params, progress: bool = True, roles=ROLES) -> dict
             embedded.append(role)
     # each role's process loads the clips itself (and refuses an empty split)
     jobs = [(params, role, progress) for role in embedded]
-    for result in fan_out(_train_role, jobs, side_by_side(params, embedded), stage="train",
+    report["side_by_side"] = side_by_side(params, embedded)  # 1: the roles took turns
+    for result in fan_out(_train_role, jobs, report["side_by_side"], stage="train",
                           key=lambda job: f"the {job[1]} model"):
         report["train_clips"], report["val_clips"] = result.pop("clips")
         report[result.pop("role")] = result

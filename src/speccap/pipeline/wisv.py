@@ -75,11 +75,16 @@ def train_wisv_head(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_
                              f"clips (wisv.traces.train_clips / val_clips) or check the models")
     tr = head_dataset(judged(train), np.random.default_rng(params.seed), **opts)
     va = head_dataset(judged(val), np.random.default_rng(params.seed + 1), **opts)
+    if w.scalars and not tr["scalars"].shape[1]:
+        raise ValueError(f"{WISV_TRACE_DIR}: these traces lack the cloud's scalars about each mismatch (c_scalars): "
+                         "trace again (dvc repro wisv_head after removing data/wisv_traces)")
     head = train_head(tr["h_edge"], tr["h_cloud"], tr["csi"], tr["label"], w.epochs, w.lr, w.hidden, params.seed,
-                      w.dropout)
+                      w.dropout, scalars=tr["scalars"] if w.scalars else None, rank=w.rank,
+                      weight_decay=w.weight_decay, groups=tr["group"], patience=w.patience)
+    keys = ("h_edge", "h_cloud", "csi") + (("scalars",) if w.scalars else ())
     with torch.no_grad():
-        p_val = head(*(torch.from_numpy(va[k]) for k in ("h_edge", "h_cloud", "csi"))).numpy()
-        p_tr = head(*(torch.from_numpy(tr[k]) for k in ("h_edge", "h_cloud", "csi"))).numpy()
+        p_val = head(*(torch.from_numpy(va[k]) for k in keys)).numpy()
+        p_tr = head(*(torch.from_numpy(tr[k]) for k in keys)).numpy()
     reject = p_val >= w.tau
     crit = va["critical"] == 1
     lo, hi = np.quantile(va["quality"], [1 / 3, 2 / 3])
@@ -89,6 +94,9 @@ def train_wisv_head(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_
         "train_mismatches": int(len(judged(train))), "val_mismatches": int(len(judged(val))),
         "train_repair_share": float(tr["label"].mean()), "val_repair_share": float(va["label"].mean()),
         "val_critical_share": float(crit.mean()),
+        "rank": w.rank, "scalars": w.scalars, **{f"fit_{k}": v for k, v in head.history.items()},
+        # what the cloud's scalars alone say of criticality (each as a score; its better direction)
+        **_scalar_aucs(va),
         "train_auc": roc_auc(tr["label"], p_tr), "val_auc": roc_auc(va["label"], p_val),
         "val_auc_critical": roc_auc(va["critical"], p_val),
         "val_accuracy": float((reject == (va["label"] == 1)).mean()), "tau": w.tau,
@@ -103,7 +111,43 @@ def train_wisv_head(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_
     out = out_dir or head_path(params).parent
     save_head(head, out / "head.pt", {"report": report, "tau": w.tau})
     _quality_plot(va, p_val, w.tau, out / "head_vs_channel.png")
+    _calibration_plot(va, p_val, out / "calibration.png")
     return report
+
+
+def _scalar_aucs(va: dict) -> dict:
+    """Validation AUC of each cloud scalar alone on the raw critical labels (a baseline the head
+    should beat; max(AUC, 1 - AUC): either direction may be the informative one)."""
+    from ..gating.wisv import CLOUD_SCALARS
+    out = {}
+    for k, name in enumerate(CLOUD_SCALARS[: va["scalars"].shape[1]]):
+        auc = roc_auc(va["critical"], va["scalars"][:, k])
+        out[f"val_auc_critical_{name}"] = None if auc is None else max(auc, 1 - auc)
+    return out
+
+
+def _calibration_plot(va: dict, p: np.ndarray, path: Path) -> None:
+    """Reliability of P(reject) on validation: predicted against observed repair labels (and raw
+    critical flags), in deciles of the prediction."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    edges = np.unique(np.quantile(p, np.linspace(0, 1, 11)))
+    idx = np.clip(np.digitize(p, edges[1:-1]), 0, max(len(edges) - 2, 0))
+    fig, ax = plt.subplots(figsize=(4.5, 4))
+    ax.plot([0, 1], [0, 1], "k:", lw=1)
+    for target, name in (("label", "relabeled (repair)"), ("critical", "raw critical")):
+        pts = [(p[idx == b].mean(), va[target][idx == b].mean()) for b in range(idx.max() + 1) if (idx == b).any()]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=name)
+    ax.set_xlabel("head's P(reject)")
+    ax.set_ylabel("observed share")
+    ax.set_title("WISV head calibration (validation)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _quality_plot(va: dict, p: np.ndarray, tau: float, path: Path) -> None:
@@ -283,7 +327,13 @@ def _markdown(params: Params, r: dict) -> str:
                 f"labels {_fmt(h.get('label_repair_poor'))} vs {_fmt(h.get('label_repair_good'))}, head "
                 f"{_fmt(h.get('head_reject_poor'))} vs {_fmt(h.get('head_reject_good'))}. The head rejects "
                 f"{_fmt(h.get('head_reject_critical'))} of critical and {_fmt(h.get('head_reject_noncritical'))} of "
-                f"non-critical mismatches. Plot: head_vs_channel.png.\n")
+                f"non-critical mismatches. Plots: head_vs_channel.png, calibration.png.\n\n"
+                f"The head: {'hidden states projected to ' + str(h.get('rank')) + ' dims each' if h.get('rank') else 'raw hidden states'}"
+                f"{', with the cloud scalars' if h.get('scalars') else ''}; trained {_fmt(h.get('fit_epochs_run'))} epochs, "
+                f"kept epoch {_fmt(h.get('fit_best_epoch'))} (lowest loss on held-out train captions). "
+                f"Each cloud scalar alone on the raw critical labels (validation AUC): "
+                + (", ".join(f"{k[len('val_auc_critical_'):]} {_fmt(v)}" for k, v in h.items()
+                             if k.startswith("val_auc_critical_")) or "-") + ".\n")
     return (
         "# WISV: CSI-aware acceptance vs greedy and rank-R verification\n\n"
         f"Every block verified (gate `always`), test clips ({params.wisv.eval_clips or 'all'} per language), "
