@@ -23,7 +23,7 @@ from ..models.base import AudioLM
 from ..models.generate import pick
 from . import packets
 from .gates import Gate
-from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, hidden_upload, wisv_protocol
+from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, hidden_upload, last_token, wisv_protocol
 from .link import Link
 from .record import CaptionRecord, Clock, account, charge, finish
 from .stats import Block, audio_summary
@@ -93,9 +93,6 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
     one when `settings.in_flight` > 0. `keep_sessions` leaves both model sessions on the record
     (`.sessions`) for inspection."""
     if settings.in_flight > 0:
-        if settings.gate.level == "token":
-            raise ValueError("token-level gates run in the blocking loop only (in_flight 0); the pipelined "
-                             "loop verifies whole blocks")
         from .pipelined import pipelined
         return pipelined(edge, cloud, features, language, settings, link, session_id, keep_sessions)
     bits = packets.id_bits(min(edge.vocab_size, cloud.vocab_size))
@@ -133,7 +130,7 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
                 if escalate and gate.verify == "alone" and len(block) > 1:
                     # the unflagged tokens are committed as drafted; they reach the cloud as context
                     committed.extend(block.tokens[:-1])
-                    block = _last_token(block)
+                    block = last_token(block)
             else:
                 budget = min(policy.next_length(), settings.max_new_tokens - len(committed))
                 while len(block) < budget and ed.draft(block, rule.needs_q) != eos:
@@ -186,13 +183,6 @@ def _draft_until_flagged(ed: EdgeHalf, block: Block, gate: Gate, needs_q: bool, 
         if tok == eos:
             break
     return False
-
-
-def _last_token(block: Block) -> Block:
-    """The block's last token as a block of its own (token level, `verify = "alone"`)."""
-    n = len(block) - 1
-    return Block(start=block.start + n, tokens=block.tokens[n:], stats=block.stats[n:], q=block.q[n:],
-                 hidden=block.hidden[n:], context=block.context[n:], accept_rate=block.accept_rate, audio=block.audio, language=block.language)
 
 
 def settings_from_params(decode, max_new_tokens: int, seed: int = 0, qs_level: int = 16) -> SpecSettings:

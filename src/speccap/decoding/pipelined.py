@@ -25,6 +25,11 @@ the token it would draft is more likely wasted than the wait is long. That rule 
 real edge knows (its own timings); on a link much faster than drafting it turns the loop back into
 the blocking one, on a slow link it drafts ahead. `always` never waits early.
 
+A token gate (`gate.level == "token"`) ends the block at the token it flags: with `verify: alone`
+the unflagged tokens are committed as drafted and the flagged one goes up alone, with `pending` all
+of them; the edge then drafts on past it. Here a flagged token is fed at once (the edge needs it to
+draft on), where the blocking loop leaves it unfed until its verdict.
+
 For greedy rules the captions equal those of the blocking loop: block boundaries, gate inputs and
 length-policy states are the same (the policy advances on the assumption and is restored from a
 snapshot when a verdict contradicts it); only the timing changes.
@@ -43,7 +48,7 @@ import numpy as np
 from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
 from . import packets
-from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict
+from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, last_token
 from .record import CaptionRecord, Clock, account, finish
 from .link import Link
 from .policies import LengthPolicy
@@ -108,6 +113,7 @@ class _Loop:
         self.holds = [1, 2]  # verdicts that held (+1) and verdicts (+2)
         self.token_time = [0.0, 0]  # sum and count of drafted-token compute
         self.unfed: int | None = None  # the last guess, not yet run through the edge
+        self.flagged = False
 
     # ---- the edge's main loop ----
     def run(self) -> list[int]:
@@ -120,9 +126,12 @@ class _Loop:
                         return self.seq_all
                     self._wait()
                     continue
-                self.budget = min(self.policy.next_length(), s.max_new_tokens - len(self.seq_all))
+                remaining = s.max_new_tokens - len(self.seq_all)
+                # a token gate drafts until it flags a token (the block ends there) or the caption ends
+                self.budget = remaining if s.gate.level == "token" else min(self.policy.next_length(), remaining)
                 rate = self.rec.accepted / self.rec.transmitted if self.rec.transmitted else None
                 self.block = Block(start=len(self.seq_all), accept_rate=rate, audio=self.audio, language=self.language)
+                self.flagged = False  # token gates: the block's last token was flagged
             block = self.block
             if len(block) < self.budget and not (block.tokens and block.tokens[-1] == eos):
                 if self._not_worth_drafting():
@@ -135,9 +144,19 @@ class _Loop:
                 self.ed.draft(block, s.rule.needs_q)
                 self.token_time[0] += self.rec.edge_compute - before
                 self.token_time[1] += 1
+                if s.gate.level == "token" and s.gate.flag(block):
+                    self.budget, self.flagged = len(block), True  # the block ends at the flagged token
                 continue
             self.rec.drafted += len(block)
-            if not s.gate.escalate(block):
+            if s.gate.level == "token":
+                if self.flagged and s.gate.verify == "alone" and len(block) > 1:
+                    # as in the blocking loop: the unflagged tokens are kept as drafted, the flagged one goes up
+                    self._append(block.tokens[:-1])
+                    block = self.block = last_token(block)
+                escalate = self.flagged
+            else:
+                escalate = s.gate.escalate(block)
+            if not escalate:
                 self._keep_local(block)
                 continue
             while len(self.inflight) >= s.in_flight and self.block is block:
