@@ -1,8 +1,10 @@
 """DVC stage `wisv_head`: WISV's decision head from hidden-state traces, as a Prefect flow.
 
-Traces with every block verified greedily and the hidden states at each judged mismatch
-(data/wisv_traces, per-clip records appended as they come: an interrupted run resumes); the judged
-mismatches relabeled under drawn channels; the head trained, measured on validation, saved to
+The judged mismatches come from the on-policy traces of the `traces` stage (wisv.labels: shadow,
+the default: every mismatch, judged as the deployed loop goes on, emotion hit in the impact), or
+from traces of its own (wisv.labels: own: every block verified greedily, the hidden states at each
+block's first mismatch, data/wisv_traces, per-clip records appended as they come: an interrupted
+run resumes); the judged mismatches relabeled under drawn channels; the head trained, measured on validation, saved to
 models/wisv/head.pt, logged and registered in MLflow under wisv.registry_name.
 """
 
@@ -18,7 +20,8 @@ from tqdm import tqdm
 from speccap.config import load_params
 from speccap.pipeline.sweep import Pool
 from speccap.pipeline.traces import collect, summary, trace_clips, trace_one, traces_key
-from speccap.pipeline.wisv import WISV_TRACE_DIR, head_path, judged, trace_settings, train_wisv_head
+from speccap.pipeline.wisv import (WISV_TRACE_DIR, head_path, judged, shadow_traces, trace_settings,
+                                   train_wisv_head)
 from speccap.tracking import Tracker
 
 
@@ -27,17 +30,13 @@ def wisv_head_flow(params_path: str | None = None) -> dict:
     params = load_params(params_path)
     w = params.wisv
     settings = trace_settings(params)
-    total = sum(len(trace_clips(params, s, lang, w.traces)) for s in ("train", "val") for lang in params.data.languages)
-    pool = Pool(params_path, params.sweep.workers, params.sweep.threads, fn=trace_one, stage="wisv_head")
-    bar = tqdm(total=total, desc="wisv traces", unit="clip")
-    try:
-        tables = collect(params, pool, WISV_TRACE_DIR, progress=bar.update, settings=settings, counts=w.traces)
-    finally:
-        bar.close()
-        pool.close()
-    for split, df in tables.items():
-        df.to_parquet(WISV_TRACE_DIR / f"{split}.parquet", index=False)
+    if w.labels == "shadow":  # the on-policy traces of the `traces` stage, shared with the token gates
+        tables = shadow_traces(params)
+        WISV_TRACE_DIR.mkdir(parents=True, exist_ok=True)  # a DVC output either way (empty here)
+    else:
+        tables = _own_traces(params, params_path, settings)
     report = train_wisv_head(params, tables["train"], tables["val"])
+    report["labels"] = w.labels
     report["traces"] = summary(tables)
     path = head_path(params)
     key = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
@@ -59,6 +58,23 @@ def wisv_head_flow(params_path: str | None = None) -> dict:
     report["version"] = version
     (path.parent / "report.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+def _own_traces(params, params_path, settings) -> dict:
+    """wisv.labels: own. Every block verified greedily, both states at each block's first mismatch,
+    judged by the cloud finishing (data/wisv_traces, resumable)."""
+    w = params.wisv
+    total = sum(len(trace_clips(params, s, lang, w.traces)) for s in ("train", "val") for lang in params.data.languages)
+    pool = Pool(params_path, params.sweep.workers, params.sweep.threads, fn=trace_one, stage="wisv_head")
+    bar = tqdm(total=total, desc="wisv traces", unit="clip")
+    try:
+        tables = collect(params, pool, WISV_TRACE_DIR, progress=bar.update, settings=settings, counts=w.traces)
+    finally:
+        bar.close()
+        pool.close()
+    for split, df in tables.items():
+        df.to_parquet(WISV_TRACE_DIR / f"{split}.parquet", index=False)
+    return tables
 
 
 if __name__ == "__main__":

@@ -264,6 +264,9 @@ class WisvParams:
     dropout: float = 0.1
     epochs: int = 300  # at most: early stopping on held-out captions ends it sooner (patience)
     lr: float = 0.01
+    # where the judged mismatches come from: shadow = the traces stage's on-policy traces (shared with
+    # the token gates); own = greedy-verified traces of its own (wisv.traces)
+    labels: str = "shadow"
     rank: int = 8  # each hidden state through a learned projection to this many dims (0 = raw concatenation)
     scalars: bool = True  # the head also reads the cloud's scalars about the token (gating.wisv.CLOUD_SCALARS)
     weight_decay: float = 0.01
@@ -351,6 +354,7 @@ _CHOICES = {
     "decode.gate": {"never", "always", "entropy", "margin", "logprob"},
     "decode.draft_ahead": {"adaptive", "always"},
     "wisv.protocol": {"full", "selective", "auto"},
+    "wisv.labels": {"shadow", "own"},
 }
 _LANGUAGES = {"en", "zh"}
 
@@ -576,7 +580,8 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
                 "data.languages", "tracking.experiment"),
     "wisv_head": ("seed", "wisv.traces", "wisv.kappa", "wisv.policy_temperature", "wisv.budget_min",
                   "wisv.budget_max", "wisv.csi_draws", "wisv.hidden", "wisv.dropout", "wisv.epochs", "wisv.lr",
-                  "wisv.rank", "wisv.scalars", "wisv.weight_decay", "wisv.patience",
+                  "wisv.rank", "wisv.scalars", "wisv.weight_decay", "wisv.patience", "wisv.labels",
+                  "gates.traces",
                   "wisv.registry_name", "models.max_new_tokens", "data.languages", "tracking.experiment"),
     "wisv_eval": ("seed", "wisv", "decode.rank", "sweep.workers", "sweep.threads", "models.max_new_tokens",
                   "data.languages", "tracking.experiment"),

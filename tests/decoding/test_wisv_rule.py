@@ -56,7 +56,7 @@ class ScalarHead(DecisionHead):
 
 
 def test_a_head_that_reads_the_clouds_scalars_gets_them_at_each_asked_mismatch():
-    from speccap.gating.wisv import cloud_scalars
+    from speccap.decoding.stats import cloud_scalars
     rows = torch.randn(5, 10)
     tops = rows.argmax(-1).tolist()
     draft = [tops[0], (tops[1] + 1) % 9, tops[2], (tops[3] + 2) % 9]  # mismatches at 1 and 3

@@ -31,6 +31,12 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
     # a rerun resumes: nothing is traced again
     traces_flow(str(pfile))
     assert (tmp_path / "data/traces/train.en.jsonl").read_text().count("\n") == 4
+    # WISV's head learns from these same traces (wisv.labels: shadow), tracing nothing of its own
+    from flows.wisv_head import wisv_head_flow
+    head = wisv_head_flow(str(pfile))
+    with_states = train[train["h_edge"].notna()]
+    assert head["labels"] == "shadow" and head["train_mismatches"] == len(with_states) > 0
+    assert with_states["mismatch"].all() and not any((tmp_path / "data/wisv_traces").iterdir())
 
     gates = gates_flow(str(pfile))
     names = [f"tok-{k}-{t}" for k in ("logistic", "lightgbm", "mlp") for t in ("critical", "mismatch")]

@@ -19,6 +19,7 @@ def test_wisv_chain_end_to_end(own_project, tmp_path):
     from flows.wisv_head import wisv_head_flow
     # the tiny models barely change a caption by one token: a margin below 0 makes most mismatches critical
     params, raw, pfile = own_project("wisv-test", wisv={
+        "labels": "own",
         "traces": {"train_clips": 4, "val_clips": 2, "block_len": 2, "critical_margin": -1.0},
         "epochs": 50, "csi_draws": 3, "block_lens": [3], "eval_clips": 2, "protocol": "auto",
         "channels": {"fast": {"name": "fast", "uplink_mbps": 500, "downlink_mbps": 1000, "rtt_ms": 5},

@@ -129,3 +129,31 @@ def test_dagger_traces_the_gated_loops_caption_against_the_loop_itself(pair, aud
     keep, _ = _loop(pair, audio, [])
     q_fix, q_keep = quality_parts([rec.caption, keep.caption], REFS, "en", "neutral")
     assert labels[p0]["impact"] == pytest.approx((3 * (q_fix[0] - q_keep[0]) + 100 * (q_fix[1] - q_keep[1])) / 4)
+
+
+def test_judged_mismatches_keep_what_wisvs_head_reads(pair, audio, traced):
+    # both models' states after the draft token and the cloud's scalars about it, as the WISV rule
+    # gets them in the loop, recomputed here one session at a time
+    import torch
+
+    from speccap.decoding.stats import cloud_scalars
+    edge, cloud = pair
+    _, labels, _ = traced
+    ids = edge_only(edge, audio[1], "en", MAX).token_ids
+    eos = edge.eos_token_id
+    with_states = [l for l in labels if "h_edge" in l]
+    assert with_states and all(l["mismatch"] for l in with_states)
+    for l in with_states[:3]:
+        j = l["pos"]
+        assert ids[j] == l["token"]
+        he = edge.start(audio[1], "en").extend(ids[: j + 1], True).hidden[-1]
+        hc = cloud.start(audio[1], "en").extend(ids[: j + 1], True).hidden[-1]
+        torch.testing.assert_close(torch.tensor(l["h_edge"]), he.half().float(), atol=2e-2, rtol=0)
+        torch.testing.assert_close(torch.tensor(l["h_cloud"]), hc.half().float(), atol=2e-2, rtol=0)
+        sess = cloud.start(audio[1], "en")
+        logits = sess.extend(ids[:j]).logits[-1] if j else sess.prefill_logits
+        np.testing.assert_allclose(l["c_scalars"], cloud_scalars(logits, l["token"]), rtol=1e-3, atol=1e-3)
+    # the mismatches without them are about the caption's end, which WISV never judges
+    for l in labels:
+        if l["mismatch"] and "h_edge" not in l:
+            assert l["token"] == eos or l["cloud_token"] == eos or l["pos"] >= len(labels) - 1

@@ -9,7 +9,7 @@ from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.verify import Rank
 from speccap.gating.traces import NO_LINK, TraceSettings, finish, quality, trace_caption
-from speccap.gating.wisv import cloud_scalars
+from speccap.decoding.stats import cloud_scalars
 
 from ..decoding.test_engine import audio, pair  # noqa: F401  (fixtures)
 

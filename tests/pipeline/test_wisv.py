@@ -14,8 +14,10 @@ def _traces(n_clips, rng, d_edge=6, d_cloud=10):
         for pos in sorted(rng.choice(40, 4, replace=False)):
             he = rng.standard_normal(d_edge)
             rows.append({"clip_id": f"c{c}", "pos": int(pos), "critical": float(he[0] > 0), "h_edge": he.tolist(),
-                         "h_cloud": rng.standard_normal(d_cloud).tolist()})
-        rows.append({"clip_id": f"c{c}", "pos": 41, "critical": np.nan, "h_edge": None, "h_cloud": None})
+                         "h_cloud": rng.standard_normal(d_cloud).tolist(),
+                         "c_scalars": rng.standard_normal(4).tolist()})
+        rows.append({"clip_id": f"c{c}", "pos": 41, "critical": np.nan, "h_edge": None, "h_cloud": None,
+                     "c_scalars": None})
     return pd.DataFrame(rows)
 
 
@@ -28,8 +30,30 @@ def test_head_trains_on_relabeled_traces_and_repairs_more_on_good_channels(tmp_p
     assert report["label_repair_good"] > report["label_repair_poor"]  # relabeling follows channel quality
     assert report["head_reject_good"] > report["head_reject_poor"]  # and the head learned it
     assert (tmp_path / "head.pt").exists() and (tmp_path / "head_vs_channel.png").stat().st_size > 5000
+    assert (tmp_path / "calibration.png").stat().st_size > 5000 and report["fit_best_epoch"] >= 1
+    assert set(report) >= {"val_auc_critical_cloud_logp_draft", "val_auc_critical_cloud_log_rank"}
     with pytest.raises(ValueError, match="validation traces hold no judged mismatches"):
         train_wisv_head(params, _traces(5, rng), _traces(2, rng).iloc[[4]], tmp_path)
+    with pytest.raises(ValueError, match="lack the cloud's scalars"):
+        train_wisv_head(params, _traces(5, rng).drop(columns="c_scalars"), _traces(2, rng), tmp_path)
+
+
+def test_shadow_labels_come_from_the_traces_stage_and_old_traces_are_named(tmp_path, monkeypatch):
+    from speccap.pipeline.wisv import shadow_traces
+    monkeypatch.chdir(tmp_path)
+    params = params_from_dict({})
+    assert params.wisv.labels == "shadow"
+    with pytest.raises(FileNotFoundError, match="dvc repro traces"):
+        shadow_traces(params)
+    (tmp_path / "data/traces").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    _traces(4, rng).to_parquet(tmp_path / "data/traces/train.parquet")
+    _traces(2, rng).drop(columns=["h_edge"]).to_parquet(tmp_path / "data/traces/val.parquet")
+    with pytest.raises(ValueError, match="val.parquet: these traces keep no WISV inputs"):
+        shadow_traces(params)
+    _traces(2, rng).to_parquet(tmp_path / "data/traces/val.parquet")
+    tables = shadow_traces(params)
+    assert len(tables["train"]) == 20 and len(tables["val"]) == 10
 
 
 def test_report_compares_each_rule_with_greedy_on_its_channel_and_window(tmp_path):

@@ -1,9 +1,12 @@
-"""Per-token uncertainty of a drafted block: what the gates and learned gates read."""
+"""Per-token uncertainty of a drafted block: what the gates and learned gates read; and what the
+cloud's verify forward says about a draft token (what WISV's head reads)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -71,3 +74,19 @@ def audio_summary(mel) -> tuple[float, ...]:
     floor = np.percentile(energy, 10)
     return (float(energy.mean()), float(energy.std()), slope, float(centroid.mean()), float(centroid.std()),
             float((energy > floor + 0.5 * (energy.max() - floor)).mean()))
+
+
+# What the cloud's verify forward says about a draft token, for free: its log-probability under the
+# cloud (floored), the cloud's top-1 probability and entropy, and the log of the token's rank
+CLOUD_SCALARS = ("cloud_logp_draft", "cloud_top1", "cloud_entropy", "cloud_log_rank")
+
+
+def cloud_scalars(logits: torch.Tensor, token: int) -> np.ndarray:
+    """CLOUD_SCALARS of `token` from the cloud's logits at its position (the traces and the rule
+    call this same function, so training and serving read the same numbers)."""
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    p = logp.exp()
+    lp = float(logp[token])
+    rank = int((logp > lp).sum()) + 1
+    return np.array([max(lp, -30.0), float(p.max()), float(-(p * logp).nan_to_num().sum()), math.log(rank)],
+                    dtype=np.float32)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..gating.wisv import CSI, DecisionHead, cloud_scalars
+from ..gating.wisv import CSI, DecisionHead
 from .link import Link
+from .stats import cloud_scalars
 from .verify import Rule, Verdict, cloud_rank
 
 PROTOCOLS = ("full", "selective", "auto")

@@ -17,6 +17,10 @@ the caption. So a clip's trace is:
 
 Impact of a matching token is 0 (there is nothing to correct).
 
+WISV's head learns from the same judged mismatches (wisv.labels: shadow): each one the caption read
+as the edge drafted it also keeps both models' states after the token and the cloud's scalars
+about it (what the rule reads, decoding/wisv.py).
+
 DAgger. The edge-only caption is where a gate starts, not where a deployed one goes: after its
 first correction the loop leaves the edge's own trajectory. So later rounds trace the caption the
 loop really committed under the current gate (`committed`): at each position, what the edge drafted
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..decoding.stats import Block, audio_summary, token_stats
+from ..decoding.stats import Block, audio_summary, cloud_scalars, token_stats
 from ..decoding.verify import cloud_rank
 from ..models.base import AudioLM
 from .features import token_rows
@@ -97,6 +101,19 @@ def trajectory_block(edge: AudioLM, mel: np.ndarray, language: str, committed: l
     return block
 
 
+def _wisv_inputs(label: dict, block: Block, cloud_states, logits, kept: bool, eos: int) -> None:
+    """What WISV's head reads at this mismatch, as the rule would see it (gating.wisv): the edge's
+    state after the draft token (the state before the next one), the cloud's state after reading
+    it, and the cloud's scalars about it. Only where the caption read the edge's own draft (both
+    states are then about that token) and not about the caption's end (WISV never judges one)."""
+    j = label["pos"]
+    if not kept or label["token"] == eos or label["cloud_token"] == eos or cloud_states is None \
+            or j + 1 >= len(block.context) or j >= len(cloud_states):
+        return
+    label.update(h_edge=block.context[j + 1].tolist(), h_cloud=cloud_states[j].half().float().tolist(),
+                 c_scalars=cloud_scalars(logits, label["token"]).tolist())
+
+
 def shadow_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str, references: list[str],
                    emotion: str | None, settings: ShadowSettings,
                    committed: list[int] | None = None) -> tuple[np.ndarray, list[dict], str]:
@@ -113,10 +130,11 @@ def shadow_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str
     x = token_rows(block, dim, eos)
     # the cloud's view of every edge draft, from one forward over the caption
     csess = cloud.start(mel, language)
-    rows = [csess.prefill_logits]
+    rows, cloud_states = [csess.prefill_logits], None
     if len(block) > 1:
-        out = csess.extend(path[: len(block) - 1])
+        out = csess.extend(path[: len(block) - 1], True)
         rows += [out.logits[k] for k in range(len(block) - 1)]
+        cloud_states = out.hidden  # [k]: the cloud's state after reading path[k]
     # was the edge's draft kept (the end drafted where the caption ends counts)? "keep" after a position
     # where the caption left the edge's drafts is not the caption itself
     kept = [path[j] == tok if j < len(path) else tok == eos for j, tok in enumerate(block.tokens)]
@@ -129,6 +147,7 @@ def shadow_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str
                        "mismatch": rank > settings.rank, "impact": 0.0, "impact_quality": 0.0,
                        "impact_emotion": 0.0, "critical": False, "kept": kept[j]})
         if rank > settings.rank:
+            _wisv_inputs(labels[j], block, cloud_states, rows[j], kept[j], eos)
             prefix = path[:j]
             fix = prefix if correction == eos else finish(edge, mel, language, prefix + [correction],
                                                           settings.max_new_tokens)

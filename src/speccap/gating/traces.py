@@ -22,11 +22,11 @@ from ..decoding.engine import SpecSettings, speculative
 from ..decoding.gates import Always
 from ..decoding.link import Link
 from ..decoding.policies import Fixed
+from ..decoding.stats import cloud_scalars
 from ..decoding.verify import Rank, cloud_rank
 from ..metrics.caption import score_captions
 from ..models.base import AudioLM
 from .features import FEATURES, block_features
-from .wisv import cloud_scalars
 
 NO_LINK = LinkConfig(name="none", uplink_mbps=1e6, downlink_mbps=1e6, rtt_ms=0.0, overhead_bytes=0)
 

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..decoding.stats import CLOUD_SCALARS
+
 
 @dataclass(frozen=True)
 class CSI:
@@ -126,22 +128,6 @@ def draw_csi(rng: np.random.Generator, n: int) -> list[CSI]:
         out.append(CSI(up, up * 10 ** rng.uniform(0, 1), 10 ** rng.uniform(0, math.log10(200)),
                        rng.uniform(0, 0.05)))
     return out
-
-
-# What the cloud's verify forward says about a draft token, for free: its log-probability under the
-# cloud (floored), the cloud's top-1 probability and entropy, and the log of the token's rank
-CLOUD_SCALARS = ("cloud_logp_draft", "cloud_top1", "cloud_entropy", "cloud_log_rank")
-
-
-def cloud_scalars(logits: torch.Tensor, token: int) -> np.ndarray:
-    """CLOUD_SCALARS of `token` from the cloud's logits at its position (the traces and the rule
-    call this same function, so training and serving read the same numbers)."""
-    logp = torch.log_softmax(logits.double(), dim=-1)
-    p = logp.exp()
-    lp = float(logp[token])
-    rank = int((logp > lp).sum()) + 1
-    return np.array([max(lp, -30.0), float(p.max()), float(-(p * logp).nan_to_num().sum()), math.log(rank)],
-                    dtype=np.float32)
 
 
 class DecisionHead(nn.Module):

@@ -54,6 +54,25 @@ def cached_head(params: Params, cache: dict):
     return cache["wisv_head"]
 
 
+def shadow_traces(params: Params) -> dict[str, pd.DataFrame]:
+    """The on-policy traces of the `traces` stage (data/traces/{train,val}.parquet) as WISV's
+    training rows (wisv.labels: shadow): every mismatch judged the way the deployed loop goes on,
+    the emotion hit inside the impact, both states and the cloud's scalars kept (gating.shadow)."""
+    from .traces import TRACE_DIR
+    out = {}
+    for split in ("train", "val"):
+        path = TRACE_DIR / f"{split}.parquet"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no on-policy traces for WISV's head (wisv.labels: shadow): run the "
+                                    "traces stage first (dvc repro traces)")
+        df = pd.read_parquet(path)
+        if "h_edge" not in df.columns:
+            raise ValueError(f"{path}: these traces keep no WISV inputs at their mismatches (made before they "
+                             "did): trace again (dvc repro traces)")
+        out[split] = df
+    return out
+
+
 def judged(df: pd.DataFrame) -> pd.DataFrame:
     """The judged mismatches that carry hidden states (end-of-caption ones carry none)."""
     if "h_edge" not in df.columns:
@@ -118,7 +137,7 @@ def train_wisv_head(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_
 def _scalar_aucs(va: dict) -> dict:
     """Validation AUC of each cloud scalar alone on the raw critical labels (a baseline the head
     should beat; max(AUC, 1 - AUC): either direction may be the informative one)."""
-    from ..gating.wisv import CLOUD_SCALARS
+    from ..decoding.stats import CLOUD_SCALARS
     out = {}
     for k, name in enumerate(CLOUD_SCALARS[: va["scalars"].shape[1]]):
         auc = roc_auc(va["critical"], va["scalars"][:, k])
