@@ -33,9 +33,10 @@ def wisv_eval_flow(params_path: str | None = None, overrides: dict | None = None
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     result = build_wisv_report(params, summary, head, OUT)
-    plot = head_path(params).parent / "head_vs_channel.png"
-    if plot.exists():  # the head's own plot, next to the evaluation's (models/ is not in git)
-        shutil.copy(plot, OUT / plot.name)
+    for name in ("head_vs_channel.png", "calibration.png"):  # the head's own plots, next to the evaluation's
+        plot = head_path(params).parent / name  # (models/ is not in git)
+        if plot.exists():
+            shutil.copy(plot, OUT / name)
     return {k: result[k] for k in ("mean", "paper", "deltas")}
 
 
