@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -161,6 +162,12 @@ class WorkerPool:
         for p in procs.values():
             p.join(timeout=5)  # the executor terminates the survivors; let their exit codes settle
         codes = {pid: p.exitcode for pid, p in procs.items()}
+        # the executor's own thread may be reaping a worker as we look: its exit code then reads None
+        # for a moment (seen: the dead worker None, the survivor blamed), so wait for it to be set
+        deadline = time.monotonic() + 5
+        while any(c is None for c in codes.values()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+            codes = {pid: p.exitcode for pid, p in procs.items()}
         # the dead one is the worker that did not end by the executor's own SIGTERM to the survivors
         dead = [pid for pid, c in codes.items() if c not in (0, None, -signal.SIGTERM)] or \
                [pid for pid, c in codes.items() if c not in (0, None)]
