@@ -29,12 +29,14 @@ from speccap.tracking import Tracker
 def wisv_head_flow(params_path: str | None = None) -> dict:
     params = load_params(params_path)
     w = params.wisv
-    settings = trace_settings(params)
     if w.labels == "shadow":  # the on-policy traces of the `traces` stage, shared with the token gates
         tables = shadow_traces(params)
         WISV_TRACE_DIR.mkdir(parents=True, exist_ok=True)  # a DVC output either way (empty here)
+        key_of_traces = traces_key(params)  # the traces stage's own key
     else:
+        settings = trace_settings(params)
         tables = _own_traces(params, params_path, settings)
+        key_of_traces = traces_key(params, settings)
     report = train_wisv_head(params, tables["train"], tables["val"])
     report["labels"] = w.labels
     report["traces"] = summary(tables)
@@ -51,7 +53,7 @@ def wisv_head_flow(params_path: str | None = None) -> dict:
     metrics = {k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     _, version = tracker.log_wisv_head(
         w.registry_name, f"wisv-head-{key}", path, example,
-        {"wisv": {k: v for k, v in w.__dict__.items() if k != "channels"}, "traces_key": traces_key(params, settings)},
+        {"wisv": {k: v for k, v in w.__dict__.items() if k != "channels"}, "traces_key": key_of_traces},
         metrics, artifacts=[path.parent / "head_vs_channel.png", path.parent / "calibration.png",
                                            path.with_suffix(".json")],
         tags={"stage": "wisv_head", "head_key": key})

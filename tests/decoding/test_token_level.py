@@ -104,8 +104,8 @@ def _feeds(monkeypatch, lm):
     """Every extend call of `lm`'s sessions: the token lists fed, in order."""
     calls, start = [], lm.start
 
-    def counting_start(*args):
-        sess = start(*args)
+    def counting_start(*args, **kw):
+        sess = start(*args, **kw)
         extend = sess.extend
 
         def counted(ids, return_hidden=False):

@@ -22,7 +22,8 @@ def test_prefill_hidden_is_the_state_that_gives_the_first_tokens_distribution(fa
     # the last-layer state at the prompt's last position: the LM head over it is the first caption
     # token's distribution (where the language mask allows), as each extend's hidden gives the next
     lm = tiny_lm(family)
-    s = lm.start(mel, "en")
+    assert lm.start(mel, "en").prefill_hidden is None  # collected only when asked for
+    s = lm.start(mel, "en", hidden=True)
     assert s.prefill_hidden.shape == (32,)
     head = lm.model.get_output_embeddings()
     allowed = s.prefill_logits > -1e8

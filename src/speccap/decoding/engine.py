@@ -23,14 +23,14 @@ from ..models.base import AudioLM
 from ..models.generate import pick
 from . import packets
 from .gates import Gate
-from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, hidden_upload, last_token, wisv_protocol
+from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, last_token
 from .link import Link
-from .record import CaptionRecord, Clock, account, charge, finish
+from .record import CaptionRecord, Clock, charge, finish
 from .stats import Block, audio_summary
 
-# the loops' shared parts, importable from here as before
+# the loops, and the record and settings callers build them with (both live in record / halves)
 __all__ = ["CaptionRecord", "SpecSettings", "edge_only", "cloud_only", "speculative", "blocking_loop",
-           "settings_from_params", "hidden_upload", "wisv_protocol", "account", "Clock"]
+           "settings_from_params"]
 
 
 def edge_only(edge: AudioLM, features: np.ndarray, language: str, max_new_tokens: int = 128,

@@ -6,6 +6,7 @@ loops (engine, pipelined) and the networked edge (serving.edge) are built from t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -67,14 +68,15 @@ class EdgeHalf:
     def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, clock: Clock, rec: CaptionRecord):
         self.lm, self.s, self.clock, self.rec = lm, s, clock, rec
         self.rng = np.random.default_rng(s.seed + 1_000_003) if s.temperature > 0 else None
-        self.sess, dt = clock.run(lm.start, features, language, scale=s.edge_time_scale)
+        self.keep_hidden = s.trace_hidden or s.rule.needs_hidden  # block.hidden: the state after each token
+        self.keep_context = s.gate.needs_hidden  # block.context: the state before each token
+        start = partial(lm.start, hidden=True) if self.keep_context else lm.start
+        self.sess, dt = clock.run(start, features, language, scale=s.edge_time_scale)
         rec.prefill_time = rec.edge_compute = dt
         rec.prompt_tokens = self.sess.prompt_len
         self.logits = self.sess.prefill_logits  # next-token logits after what the cache holds
         self.cached = 0  # caption tokens in the edge's KV cache
-        self.keep_hidden = s.trace_hidden or s.rule.needs_hidden  # block.hidden: the state after each token
-        self.keep_context = s.gate.needs_hidden  # block.context: the state before each token
-        self.state = self.sess.prefill_hidden if self.keep_context else None  # after what the cache holds
+        self.state = self.sess.prefill_hidden  # the state after what the cache holds (with keep_context)
         self.defers = s.gate.level == "token" and not self.keep_hidden
 
     def pick(self) -> int:

@@ -61,7 +61,7 @@ def edge_trajectory(edge: AudioLM, mel: np.ndarray, language: str, max_new_token
     their statistics and the hidden state before each (block.context), as a token gate sees them
     in the loop."""
     block = Block(start=0, audio=audio_summary(mel), language=language)
-    sess = edge.start(mel, language)
+    sess = edge.start(mel, language, hidden=True)
     logits, state = sess.prefill_logits, sess.prefill_hidden
     while len(block) < max_new_tokens:
         tok = int(logits.argmax())
@@ -85,7 +85,7 @@ def trajectory_block(edge: AudioLM, mel: np.ndarray, language: str, committed: l
     teacher-forced pass over the caption: everything a gate reads at a position comes from the
     committed prefix before it."""
     block = Block(start=0, audio=audio_summary(mel), language=language)
-    sess = edge.start(mel, language)
+    sess = edge.start(mel, language, hidden=True)
     rows, states = [sess.prefill_logits], [sess.prefill_hidden]
     if committed:
         out = sess.extend(list(committed), True)

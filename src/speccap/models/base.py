@@ -28,7 +28,8 @@ class Session(ABC):
     """The KV-cached state of one caption on one model."""
 
     prefill_logits: torch.Tensor  # (V,) distribution of the first caption token
-    prefill_hidden: torch.Tensor  # (H,) float32 last-layer hidden state at the prompt's last position
+    # (H,) float32 last-layer hidden state at the prompt's last position; None unless start(hidden=True)
+    prefill_hidden: torch.Tensor | None
     prompt_len: int  # positions the prefill covered (prompt and audio placeholders)
 
     @property
@@ -75,8 +76,9 @@ class AudioLM(ABC):
         ...
 
     @abstractmethod
-    def start(self, features: np.ndarray, language: str) -> Session:
-        """Prefill audio features (n_mels, frames) and the prompt for `language`."""
+    def start(self, features: np.ndarray, language: str, hidden: bool = False) -> Session:
+        """Prefill audio features (n_mels, frames) and the prompt for `language`; with `hidden`, keep
+        the last-layer state at the prompt's last position (`prefill_hidden`)."""
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

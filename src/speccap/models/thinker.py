@@ -95,8 +95,8 @@ class ThinkerLM(AudioLM):
                                                            self._eos).to(self.device)
         return self._blocked[key]
 
-    def start(self, features: np.ndarray, language: str) -> "ThinkerSession":
-        return ThinkerSession(self, features, language)
+    def start(self, features: np.ndarray, language: str, hidden: bool = False) -> "ThinkerSession":
+        return ThinkerSession(self, features, language, hidden)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -104,7 +104,7 @@ class ThinkerLM(AudioLM):
 
 class ThinkerSession(Session):
     @torch.inference_mode()
-    def __init__(self, lm: ThinkerLM, features: np.ndarray, language: str):
+    def __init__(self, lm: ThinkerLM, features: np.ndarray, language: str, hidden: bool = False):
         self.lm = lm
         model = lm.model
         feats = torch.as_tensor(np.asarray(features, np.float32), device=lm.device)
@@ -116,10 +116,11 @@ class ThinkerSession(Session):
         fmask = torch.ones(1, n_frames, dtype=torch.long, device=lm.device)
         positions, delta = model.model.get_rope_index(ids, None, None, attn, False, fmask.sum(-1), None)
         out = model(input_ids=ids, input_features=feats[None].to(lm.dtype), feature_attention_mask=fmask,
-                    attention_mask=attn, position_ids=positions, use_cache=True, output_hidden_states=True)
+                    attention_mask=attn, position_ids=positions, use_cache=True, output_hidden_states=hidden)
         self.cache = out.past_key_values
-        # the state that drafts the first caption token (what a token gate reads before it)
-        self.prefill_hidden = out.hidden_states[-1][0, -1].float()
+        # the state that drafts the first caption token (what a token gate reads before it); asked
+        # for only then: every layer's states over the whole prompt are collected to give it
+        self.prefill_hidden = out.hidden_states[-1][0, -1].float() if hidden else None
         self.prompt_len = ids.shape[1]
         self.rope_delta = int(delta.reshape(-1)[0])
         self.blocked = lm.blocked_ids(language)

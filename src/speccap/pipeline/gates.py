@@ -59,7 +59,10 @@ def importances(model: TokenGateModel) -> pd.DataFrame | None:
     return pd.DataFrame({"feature": cols, "importance": vals}).sort_values("importance", key=np.abs, ascending=False)
 
 
-def calibration_plot(curves: dict[str, tuple[np.ndarray, np.ndarray]], path: Path) -> None:
+def calibration_plot(curves: dict[str, tuple[np.ndarray, np.ndarray]], path: Path,
+                     title: str = "token gate calibration (validation traces)",
+                     ylabel: str = "observed rate of the target") -> None:
+    """Reliability curves: for each name, (mean predicted probability, observed rate) per bin."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -68,8 +71,8 @@ def calibration_plot(curves: dict[str, tuple[np.ndarray, np.ndarray]], path: Pat
     for name, (pred, frac) in curves.items():
         ax.plot(pred, frac, marker="o", label=name)
     ax.set_xlabel("predicted probability")
-    ax.set_ylabel("observed rate of the target")
-    ax.set_title("token gate calibration (validation traces)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

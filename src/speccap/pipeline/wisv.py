@@ -22,6 +22,7 @@ from .gates import roc_auc
 from .markdown import md_table
 from .quality_table import format_ci
 from .sweep import RunConfig
+from .traces import TRACE_DIR
 
 WISV_TRACE_DIR = Path("data/wisv_traces")
 OUT = Path("reports/wisv")
@@ -58,7 +59,6 @@ def shadow_traces(params: Params) -> dict[str, pd.DataFrame]:
     """The on-policy traces of the `traces` stage (data/traces/{train,val}.parquet) as WISV's
     training rows (wisv.labels: shadow): every mismatch judged the way the deployed loop goes on,
     the emotion hit inside the impact, both states and the cloud's scalars kept (gating.shadow)."""
-    from .traces import TRACE_DIR
     out = {}
     for split in ("train", "val"):
         path = TRACE_DIR / f"{split}.parquet"
@@ -95,8 +95,10 @@ def train_wisv_head(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_
     tr = head_dataset(judged(train), np.random.default_rng(params.seed), **opts)
     va = head_dataset(judged(val), np.random.default_rng(params.seed + 1), **opts)
     if w.scalars and not tr["scalars"].shape[1]:
-        raise ValueError(f"{WISV_TRACE_DIR}: these traces lack the cloud's scalars about each mismatch (c_scalars): "
-                         "trace again (dvc repro wisv_head after removing data/wisv_traces)")
+        where, again = ((TRACE_DIR, "dvc repro traces") if w.labels == "shadow" else
+                        (WISV_TRACE_DIR, f"dvc repro wisv_head after removing {WISV_TRACE_DIR}"))
+        raise ValueError(f"{where}: these traces lack the cloud's scalars about each mismatch (c_scalars): "
+                         f"trace again ({again}), or set params wisv.scalars: false")
     head = train_head(tr["h_edge"], tr["h_cloud"], tr["csi"], tr["label"], w.epochs, w.lr, w.hidden, params.seed,
                       w.dropout, scalars=tr["scalars"] if w.scalars else None, rank=w.rank,
                       weight_decay=w.weight_decay, groups=tr["group"], patience=w.patience)
@@ -146,27 +148,19 @@ def _scalar_aucs(va: dict) -> dict:
 
 
 def _calibration_plot(va: dict, p: np.ndarray, path: Path) -> None:
-    """Reliability of P(reject) on validation: predicted against observed repair labels (and raw
-    critical flags), in deciles of the prediction."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    edges = np.unique(np.quantile(p, np.linspace(0, 1, 11)))
-    idx = np.clip(np.digitize(p, edges[1:-1]), 0, max(len(edges) - 2, 0))
-    fig, ax = plt.subplots(figsize=(4.5, 4))
-    ax.plot([0, 1], [0, 1], "k:", lw=1)
+    """Reliability of P(reject) on validation against the repair labels and the raw critical flags,
+    in deciles of the prediction (the token gates' plot)."""
+    from sklearn.calibration import calibration_curve
+
+    from .gates import calibration_plot
+    curves = {}
     for target, name in (("label", "relabeled (repair)"), ("critical", "raw critical")):
-        pts = [(p[idx == b].mean(), va[target][idx == b].mean()) for b in range(idx.max() + 1) if (idx == b).any()]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=name)
-    ax.set_xlabel("head's P(reject)")
-    ax.set_ylabel("observed share")
-    ax.set_title("WISV head calibration (validation)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+        y = va[target]
+        if 0 < y.sum() < len(y):
+            pred, frac = calibration_curve(y, p, n_bins=10, strategy="quantile")
+            curves[name] = (pred, frac)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    calibration_plot(curves, path, "WISV head calibration (validation)", "observed share")
 
 
 def _quality_plot(va: dict, p: np.ndarray, tau: float, path: Path) -> None:
