@@ -1,5 +1,6 @@
 """The session code (prefill, cached extension, language mask) captions exactly as HF `generate`
-does on the same model, token for token, for both thinker classes and both caption languages."""
+does on the same model, token for token, for both thinker classes and both caption languages.
+Qwen2.5-Omni sessions extend through models.fast_step, so this holds it to `generate` as well."""
 
 import pytest
 import torch

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import language_mask
+from . import fast_step, language_mask
 from .base import AudioLM, Session, StepOutput
 
 
@@ -55,6 +55,17 @@ class ThinkerLM(AudioLM):
         self.audio_id = cfg.audio_token_id
         self._vocab = cfg.get_text_config().vocab_size
         self._blocked: dict[tuple[str, int], torch.Tensor] = {}
+        # sessions extend through models.fast_step where it applies (False: always HF's forward)
+        self.use_fast_step = True
+        self._fast: fast_step.FastStep | None = None
+
+    def fast(self) -> "fast_step.FastStep | None":
+        """The lean decoding step over this model's weights, when it applies now (eval mode)."""
+        if not self.use_fast_step or not fast_step.supports(self.model):
+            return None
+        if self._fast is None:
+            self._fast = fast_step.FastStep(self.model)
+        return self._fast
 
     @property
     def tokenizer(self):
@@ -136,13 +147,19 @@ class ThinkerSession(Session):
             raise ValueError("extend() needs at least one token")
         n = len(token_ids)
         start = self.cache.get_seq_length()
-        ids = torch.tensor([token_ids], device=self.lm.device)
-        pos = (torch.arange(start, start + n, device=self.lm.device) + self.rope_delta).view(1, 1, n).expand(3, 1, n)
-        out = self.lm.model(input_ids=ids, past_key_values=self.cache, position_ids=pos, use_cache=True,
-                            output_hidden_states=return_hidden)
-        self.cache = out.past_key_values
-        hidden = out.hidden_states[-1][0].float() if return_hidden else None
-        return StepOutput(language_mask.apply(out.logits[0, :, : self.lm.vocab_size].float(), self.blocked), hidden)
+        device = self.lm.device  # a walk over the parameters: once a call
+        positions = torch.arange(start, start + n, device=device) + self.rope_delta
+        fast = self.lm.fast()
+        if fast is not None:
+            logits, hidden = fast.step(torch.tensor(token_ids, device=device), positions, self.cache)
+        else:
+            out = self.lm.model(input_ids=torch.tensor([token_ids], device=device), past_key_values=self.cache,
+                                position_ids=positions.view(1, 1, n).expand(3, 1, n), use_cache=True,
+                                output_hidden_states=return_hidden)
+            self.cache = out.past_key_values
+            logits, hidden = out.logits[0], (out.hidden_states[-1][0] if return_hidden else None)
+        hidden = hidden.float() if return_hidden else None
+        return StepOutput(language_mask.apply(logits[:, : self.lm.vocab_size].float(), self.blocked), hidden)
 
     def rollback(self, n: int) -> None:
         if n < 0 or n > self.length:
