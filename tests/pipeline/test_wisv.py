@@ -97,13 +97,21 @@ def test_report_intervals_come_from_the_clips(tmp_path):
     for cfg in wisv_configs(params):
         m = {"bleu1": 50.0, "meteor": 50.0, "rouge_l": 50.0, "tokens": 30.0, "total_time": 1.0, "accepted": 20.0,
              "corrected": 5.0, "rounds": 10.0, "aal": 2.0, "bleu1_ci_low": 48.0, "bleu1_ci_high": 52.0}
-        stats = clip_stats(-3.0 if cfg.rule == "wisv" else 0.0)  # WISV clearly worse on every clip
+        # WISV clearly worse than greedy on every clip, rank-R worse still
+        stats = clip_stats({"wisv": -3.0, "rank": -6.0}.get(cfg.rule, 0.0))
+        if cfg.rule in ("wisv", "rank"):
+            m = dict(m, aal={"wisv": 2.5, "rank": 2.0}[cfg.rule])
         configs.append({"status": "FINISHED", "metrics": m, "clip_stats": stats, **cfg.to_dict()})
     r = build_wisv_report(params, {"configs": configs}, None, tmp_path)
     lo, hi = r["quality_pct_ci"]
     assert lo < hi < 0
     for d in r["deltas"]:
         assert d["quality_pct_ci"][1] < 0
+    # against rank-R: more acceptance and more quality, the interval above 0
+    (vs_rank,) = r["against_rank"]
+    assert vs_rank["aal_ratio"] == pytest.approx(1.25) and vs_rank["separated"]
+    assert 0 < vs_rank["quality_pct_ci"][0] < vs_rank["quality_pct"] < vs_rank["quality_pct_ci"][1]
     md = (tmp_path / "wisv.md").read_text()
     assert "30 clips, not all" in md and "50.0 [48.0, 52.0]" in md
+    assert "## WISV against rank-R (R = 2)" in md and "| en | 2.500 | 2.000 | 1.250 |" in md
     assert f"[{lo:+.1f}, {hi:+.1f}]" in md

@@ -259,6 +259,7 @@ def build_wisv_report(params: Params, summary: dict, head: dict | None = None, o
     result = {"rows": rows, "deltas": deltas, "references": refs, "paper": PAPER, "head": head or {},
               "mean": {k: mean(k) for k in ("aal_pct", "rounds_pct", "latency_pct", "quality_pct")},
               "quality_pct_ci": _mean_quality_ci(params, stats),
+              "against_rank": against_rank(params, cell, stats),
               "protocols": protocol_table(params, rows)}
     (out / "wisv.md").write_text(_markdown(params, result))
     _plot(params, rows, out / "wisv.png")
@@ -269,18 +270,40 @@ def _ci(iv: dict) -> list[float]:
     return [iv["ci_low"], iv["ci_high"]]
 
 
+def _quality_change(params: Params, stats: dict, lang: str, against: str) -> dict | None:
+    """WISV's quality change (%) against `against` in one language, averaged over channels and
+    windows, every (channel, window) pair resampled on the same clips; with its bootstrap draws."""
+    pairs = [(stats[(lang, ch, n, "wisv")], stats[(lang, ch, n, against)])
+             for ch in params.wisv.channels for n in params.wisv.block_lens
+             if (lang, ch, n, "wisv") in stats and (lang, ch, n, against) in stats]
+    return mean_relative_change(pairs, "quality", keep_draws=True) if pairs else None
+
+
 def _mean_quality_ci(params: Params, stats: dict) -> list[float] | None:
     """95% CI of WISV's quality change against greedy, averaged over languages, channels and windows:
-    within a language every (channel, window) pair is resampled on the same clips; the languages'
-    draws (different clips) are averaged draw by draw."""
-    per_lang = []
-    for lang in params.data.languages:
-        pairs = [(stats[(lang, ch, n, "wisv")], stats[(lang, ch, n, "greedy")])
-                 for ch in params.wisv.channels for n in params.wisv.block_lens
-                 if (lang, ch, n, "wisv") in stats and (lang, ch, n, "greedy") in stats]
-        if pairs:
-            per_lang.append(mean_relative_change(pairs, "quality", keep_draws=True))
+    the languages' draws (different clips) are averaged draw by draw."""
+    per_lang = [c for lang in params.data.languages if (c := _quality_change(params, stats, lang, "greedy"))]
     return _ci(pooled_mean(per_lang)) if per_lang else None
+
+
+def against_rank(params: Params, cell: dict, stats: dict) -> list[dict]:
+    """WISV against rank-R verification per language: both accept more than greedy, so the question
+    is which buys more quality for its acceptance. The mean AAL of each over channels and windows
+    (equal AAL: their ratio near 1) and WISV's quality change against rank-R with its paired CI;
+    `separated` when that CI is above 0."""
+    out = []
+    for lang in params.data.languages:
+        keys = [(lang, ch, n) for ch in params.wisv.channels for n in params.wisv.block_lens
+                if (lang, ch, n, "wisv") in cell and (lang, ch, n, "rank") in cell]
+        change = _quality_change(params, stats, lang, "rank")
+        if not keys or change is None:
+            continue
+        aal_w = float(np.mean([cell[k + ("wisv",)]["aal"] for k in keys]))
+        aal_r = float(np.mean([cell[k + ("rank",)]["aal"] for k in keys]))
+        out.append({"lang": lang, "aal_wisv": aal_w, "aal_rank": aal_r, "aal_ratio": aal_w / aal_r if aal_r else None,
+                    "quality_pct": change["value"], "quality_pct_ci": _ci(change),
+                    "separated": bool(change["ci_low"] > 0)})
+    return out
 
 
 def protocol_table(params: Params, rows: list[dict]) -> list[dict]:
@@ -368,6 +391,15 @@ def _markdown(params: Params, r: dict) -> str:
                                                if r.get("quality_pct_ci") else "")]])
         + f"\n\nLatency change, mean: {_pct_s(m['latency_pct'])}. Quality references: {refs}.\n\n"
         "## Per channel and window\n\n" + main + "\n\n## WISV against greedy\n\n" + deltas + "\n"
+        + f"\n## WISV against rank-R (R = {params.decode.rank})\n\n"
+        "Both accept more than greedy verification; at about equal acceptance (AAL ratio near 1), does WISV keep "
+        "more quality? Mean over channels and windows; the quality change is paired on the same clips, and WISV "
+        "beats rank-R only when its CI is above 0.\n\n"
+        + _table(["lang", "AAL WISV", "AAL rank-R", "AAL ratio", "quality change vs rank-R % [95% CI]",
+                  "CI above 0"],
+                 [[a["lang"], a["aal_wisv"], a["aal_rank"], a["aal_ratio"],
+                   _with_ci(a["quality_pct"], a["quality_pct_ci"], signed=True), "yes" if a["separated"] else "no"]
+                  for a in r.get("against_rank", [])]) + "\n"
         + head
         + f"\n## Upload protocol for a 7B edge (hidden size {HIDDEN_7B}, float16)\n\n"
         "Link time of one verification round on each channel, with the mismatches per block greedy verification "
