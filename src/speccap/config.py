@@ -96,6 +96,9 @@ class TrainParams:
     # weight of an auxiliary emotion loss during training only: a linear probe on the audio positions
     # of the text model's input, discarded afterwards (0 = captions alone)
     emotion_aux: float = 0.0
+    # likewise for which of the synthetic corpus's sentences is said (a clip of another corpus has none
+    # and is skipped): as if the model had heard far more speech, it learns to tell the words apart
+    sentence_aux: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -79,19 +79,30 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch)
     assert other != fp
 
 
-def test_emotion_aux_loss_trains_the_audio_side_and_leaves_a_plain_model(tmp_path):
+@pytest.mark.parametrize("target", ["emotion", "sentence"])
+def test_aux_loss_trains_the_audio_side_and_leaves_a_plain_model(tmp_path, target):
     import dataclasses
     train, val = _examples(16, 0), _examples(4, 1)
     for e in train + val:
-        e.emotion = 0 if e.captions == CAPS[0] else 1
+        setattr(e, target, 0 if e.captions == CAPS[0] else 1)
     fp = fingerprint(TINY, SETTINGS, 0, "qwen2_5_omni", [e.clip_id for e in train])
     settings = TrainParams(max_steps=6, batch_size=4, lr=1e-2, warmup_steps=1, eval_every=3, patience=10, threads=1)
     plain, aided = tiny_lm("qwen2_5_omni", seed=0), tiny_lm("qwen2_5_omni", seed=0)
     train_captioner(plain, train, val, settings, 0, tmp_path / "plain", fp, progress=False)
-    train_captioner(aided, train, val, dataclasses.replace(settings, emotion_aux=1.0), 0, tmp_path / "aided", fp + "a",
-                    progress=False)
+    train_captioner(aided, train, val, dataclasses.replace(settings, **{f"{target}_aux": 1.0}), 0, tmp_path / "aided",
+                    fp + "a", progress=False)
     # the probe is a training aid: the saved model has exactly the plain model's parameters ...
     assert set(aided.model.state_dict()) == set(plain.model.state_dict())
-    assert not any("_emotion_probe" in k for k in aided.model.state_dict())
+    assert not any("_probe" in k for k in aided.model.state_dict())
     # ... and the auxiliary loss reached the weights
     assert not torch.equal(_weights(plain), _weights(aided))
+
+
+def test_span_means_average_each_equal_run_of_audio_positions_in_order():
+    states = torch.arange(2 * 7, dtype=torch.float32).view(2, 7, 1)
+    audio = torch.tensor([[0, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0]], dtype=torch.float32)
+    assert train_mod.span_means(states, audio, 1).flatten().tolist() == [2.5, 8.0]
+    # row 0: audio at 1..4 -> spans {1, 2} and {3, 4}; row 1: 7, 8, 9 -> {7, 8} and {9}
+    assert train_mod.span_means(states, audio, 2).tolist() == [[1.5, 3.5], [7.5, 9.0]]
+    # more spans than audio positions: the empty ones are zeros, not NaN
+    assert train_mod.span_means(states, audio, 4)[1].tolist() == [7.0, 8.0, 9.0, 0.0]

@@ -55,3 +55,11 @@ SENTENCES: tuple[tuple[str, str], ...] = (
     ("You can see the mountains from the window.", "从窗户能看到山。"),
     ("The manager wants to talk to you right now.", "经理现在就要找你谈话。"),
 )
+
+
+_INDEX = {en: i for i, (en, _) in enumerate(SENTENCES)}
+
+
+def sentence_index(text_en: str | None) -> int:
+    """Index of the sentence in SENTENCES, -1 for any other text (MER2024's subtitles) or none."""
+    return _INDEX.get(text_en, -1) if text_en else -1

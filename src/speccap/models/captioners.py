@@ -12,6 +12,7 @@ from ..config import Params
 from ..data.emotions import EMOTIONS
 from ..data.featurize import load_clip_features
 from ..data.manifest import manifest_path, read_manifest
+from ..data.sentences import sentence_index
 from ..fanout import fan_out
 from .configs import build_model
 from .loading import embedded_prompt
@@ -37,7 +38,8 @@ def load_examples(params: Params, split: str, tokenizer) -> list[Example]:
                 continue  # skipped by featurize (reported there)
             caps = [tokenizer.encode(r, add_special_tokens=False) for r in rec["references"]]
             emotion = EMOTIONS.index(rec["emotion"]) if rec.get("emotion") in EMOTIONS else -1
-            out.append(Example(rec["id"], torch.from_numpy(mel).to(torch.float16), caps, lang, emotion))
+            out.append(Example(rec["id"], torch.from_numpy(mel).to(torch.float16), caps, lang, emotion,
+                               sentence_index(rec.get("cues", {}).get("text_en"))))
     return out
 
 

@@ -22,6 +22,8 @@ import torch
 from tqdm import tqdm
 
 from ..config import ThinkerSize, TrainParams
+from ..data.emotions import EMOTIONS
+from ..data.sentences import SENTENCES
 from .thinker import ThinkerLM
 
 
@@ -32,6 +34,30 @@ class Example:
     captions: list[list[int]]  # token ids of each reference
     language: str
     emotion: int = -1  # index in data.emotions.EMOTIONS, -1 unknown (the auxiliary loss skips it)
+    sentence: int = -1  # index in data.sentences.SENTENCES of what is said, -1 unknown (likewise)
+
+
+# The auxiliary targets a captioner may learn beside its captions, each by a linear probe on the
+# audio positions of the text model's input: name -> (how many classes, how many equal time spans
+# the positions are averaged over, side by side). Which sentence was said is a sequence of sounds,
+# so its probe sees the clip's course in four spans; an emotion is heard over the whole clip, but
+# its course counts too (happiness rises where surprise falls): two spans. Measured on the default
+# testbed (one training each, 1 thread): emotion probe on the mean of the clip vs on two halves,
+# cloud emotion hit en 77.1 / 77.1%, BLEU-1 72.9 / 73.7.
+AUX_TARGETS = {"emotion": (len(EMOTIONS), 2), "sentence": (len(SENTENCES), 4)}
+
+
+def span_means(states: torch.Tensor, audio: torch.Tensor, spans: int) -> torch.Tensor:
+    """(batch, spans x hidden): the mean state over each of `spans` equal runs of a row's audio
+    positions (`audio`: (batch, seq) 0/1), in order."""
+    count = audio.sum(1, keepdim=True).clamp(min=1)
+    rank = audio.cumsum(1) - 1  # 0.. count-1 along each row's audio positions
+    span = torch.minimum((rank * spans / count).floor().long(), torch.tensor(spans - 1))
+    out = []
+    for k in range(spans):
+        w = audio * (span == k)
+        out.append((states * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp(min=1))
+    return torch.cat(out, -1)
 
 
 def make_batch(lm: ThinkerLM, examples: list[Example], choice: list[int]) -> dict[str, torch.Tensor]:
@@ -58,17 +84,20 @@ def make_batch(lm: ThinkerLM, examples: list[Example], choice: list[int]) -> dic
         labels[i, : len(t)] = torch.tensor(t)
         attn[i, : len(r)] = 1
     return {"input_ids": ids, "labels": labels, "attention_mask": attn, "input_features": feats,
-            "feature_attention_mask": fmask, "emotion": torch.tensor([e.emotion for e in examples])}
+            "feature_attention_mask": fmask,
+            **{name: torch.tensor([getattr(e, name) for e in examples]) for name in AUX_TARGETS}}
 
 
-def batch_loss(lm: ThinkerLM, batch: dict[str, torch.Tensor], probe: torch.nn.Module | None = None,
-               aux_weight: float = 0.0) -> torch.Tensor:
-    """Caption cross-entropy; with a `probe`, plus `aux_weight` x the emotion cross-entropy of a
-    linear probe on the mean of the audio positions of the text model's input embeddings."""
+def batch_loss(lm: ThinkerLM, batch: dict[str, torch.Tensor],
+               probes: dict[str, tuple[torch.nn.Module, float]] | None = None) -> torch.Tensor:
+    """Caption cross-entropy, plus for each auxiliary target in `probes` (name -> (linear probe,
+    weight)) its weight x the cross-entropy of the probe on the mean of the audio positions of
+    the text model's input embeddings (clips whose target is unknown, -1, are skipped)."""
     model = lm.model
     positions, _ = model.model.get_rope_index(batch["input_ids"], None, None, batch["attention_mask"], False,
                                               batch["feature_attention_mask"].sum(-1), None)
-    aux = probe is not None and aux_weight > 0 and bool((batch["emotion"] >= 0).any())
+    probes = {name: pw for name, pw in (probes or {}).items() if pw[1] > 0 and bool((batch[name] >= 0).any())}
+    aux = bool(probes)
     out = model(input_ids=batch["input_ids"], input_features=batch["input_features"],
                 feature_attention_mask=batch["feature_attention_mask"], attention_mask=batch["attention_mask"],
                 position_ids=positions, use_cache=False, output_hidden_states=aux)
@@ -76,9 +105,10 @@ def batch_loss(lm: ThinkerLM, batch: dict[str, torch.Tensor], probe: torch.nn.Mo
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                              batch["labels"][:, 1:].reshape(-1), ignore_index=-100)
     if aux:
-        audio = (batch["input_ids"] == lm.audio_id).unsqueeze(-1).float()
-        pooled = (out.hidden_states[0] * audio).sum(1) / audio.sum(1).clamp(min=1)
-        loss = loss + aux_weight * torch.nn.functional.cross_entropy(probe(pooled.float()), batch["emotion"],
+        audio = (batch["input_ids"] == lm.audio_id).float()
+        for name, (probe, weight) in probes.items():
+            pooled = span_means(out.hidden_states[0], audio, AUX_TARGETS[name][1])
+            loss = loss + weight * torch.nn.functional.cross_entropy(probe(pooled.float()), batch[name],
                                                                      ignore_index=-1)
     return loss
 
@@ -130,12 +160,14 @@ def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], set
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / "checkpoint.pt"
     model = lm.model
-    probe = None
-    if settings.emotion_aux > 0:
-        from ..data.emotions import EMOTIONS
-        torch.manual_seed(seed)  # the probe's initial weights, before the optimizer that trains them
-        probe = torch.nn.Linear(model.config.get_text_config().hidden_size, len(EMOTIONS))
-        model.add_module("_emotion_probe", probe)  # trained, checkpointed and resumed with the model
+    probes = {}
+    for name, (classes, spans) in AUX_TARGETS.items():
+        weight = getattr(settings, f"{name}_aux")
+        if weight > 0:
+            torch.manual_seed(seed)  # the probe's initial weights, before the optimizer that trains them
+            probe = torch.nn.Linear(spans * model.config.get_text_config().hidden_size, classes)
+            model.add_module(f"_{name}_probe", probe)  # trained, checkpointed and resumed with the model
+            probes[name] = (probe, weight)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
@@ -166,7 +198,7 @@ def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], set
         choice = [int(rng.integers(len(e.captions))) for e in chunk]
         for group in opt.param_groups:
             group["lr"] = _lr_at(state["step"], settings)
-        loss = batch_loss(lm, make_batch(lm, chunk, choice), probe, settings.emotion_aux)
+        loss = batch_loss(lm, make_batch(lm, chunk, choice), probes)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -194,8 +226,8 @@ def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], set
             os.replace(tmp, ckpt_path)
     bar.close()
     model.load_state_dict(best_weights)
-    if probe is not None:  # a training aid only: the saved captioner is the plain HF model
-        del model._modules["_emotion_probe"]
+    for name in probes:  # a training aid only: the saved captioner is the plain HF model
+        del model._modules[f"_{name}_probe"]
     model.eval()
     return {"steps": state["step"], "best_step": state["best_step"], "best_val_loss": state["best_loss"],
             "stopped_early": stopped_early, "train_seconds": state["seconds"], "history": state["history"]}
