@@ -1,5 +1,6 @@
 """The lean decoding step against transformers' own forward: the same numbers, bit for bit."""
 
+import pytest
 import torch
 
 from speccap.models import fast_step
@@ -24,9 +25,11 @@ def _walk(lm, mel, fast: bool):
     return outs, s.length
 
 
-def test_fast_step_gives_hf_forwards_logits_and_hidden_states_bit_for_bit(mel):
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_fast_step_gives_hf_forwards_logits_and_hidden_states_bit_for_bit(mel, attention):
     lm = tiny_lm("qwen2_5_omni")
-    assert lm.fast() is not None
+    lm.model.set_attn_implementation(attention)
+    assert lm.fast() is not None and lm.fast().sdpa == (attention == "sdpa")
     hf, hf_len = _walk(lm, mel, fast=False)
     fast, fast_len = _walk(lm, mel, fast=True)
     assert hf_len == fast_len == 12 + 4 - 3 + 1 + 2
