@@ -8,8 +8,8 @@ took 14% of a speculative caption's time). This step does the same arithmetic in
 model's own weights and the session's own `DynamicCache` (so rollback and the HF path keep
 working on it), and nothing else. `supports()` says when it applies: the Qwen2.5-Omni text
 decoder with full attention, SDPA or eager attention, in eval mode; anything else takes HF's
-forward. tests/models/test_fast_step.py holds it to HF's forward: the same logits and hidden
-state, and the same greedy captions as `generate`.
+forward. tests/models/test_fast_step.py holds it to HF's forward (the same logits and hidden
+states, bit for bit); tests/models/test_hf_generate.py holds the sessions to HF `generate`.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class FastStep:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scaling = self.head_dim ** -0.5
         rotary = text.rotary_emb
-        self.inv_freq = rotary.inv_freq.float()
+        self.rotary = rotary  # its inv_freq is a buffer: read at each call, wherever the model has moved it
         self.rope_scale = rotary.attention_scaling
         self.sdpa = getattr(cfg, "_attn_implementation", "sdpa") == "sdpa"
         if cfg.hidden_act != "silu":
@@ -77,7 +77,7 @@ class FastStep:
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # HF builds one row per M-RoPE section and interleaves them; for text all rows hold the same
         # position, so each frequency sees exactly this product
-        freqs = positions[:, None].float() * self.inv_freq
+        freqs = positions[:, None].float() * self.rotary.inv_freq.to(device=positions.device, dtype=torch.float)
         cos, sin = freqs.cos() * self.rope_scale, freqs.sin() * self.rope_scale
         cos, sin = torch.cat((cos, cos), -1).to(dtype), torch.cat((sin, sin), -1).to(dtype)
         return cos[None, None], sin[None, None]  # (1, 1, n, head_dim)

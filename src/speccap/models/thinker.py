@@ -57,15 +57,17 @@ class ThinkerLM(AudioLM):
         self._blocked: dict[tuple[str, int], torch.Tensor] = {}
         # sessions extend through models.fast_step where it applies (False: always HF's forward)
         self.use_fast_step = True
-        self._fast: fast_step.FastStep | None = None
+        self._fast: fast_step.FastStep | None | bool = None  # None: not decided yet; False: not supported
 
     def fast(self) -> "fast_step.FastStep | None":
-        """The lean decoding step over this model's weights, when it applies now (eval mode)."""
-        if not self.use_fast_step or not fast_step.supports(self.model):
+        """The lean decoding step over this model's weights, when it applies now. Whether the model
+        supports it is decided once, at the first extension (it reads the config: microseconds that
+        every token would pay); only the training flag is looked at on every call."""
+        if not self.use_fast_step or self.model.training:
             return None
         if self._fast is None:
-            self._fast = fast_step.FastStep(self.model)
-        return self._fast
+            self._fast = fast_step.FastStep(self.model) if fast_step.supports(self.model) else False
+        return self._fast or None
 
     @property
     def tokenizer(self):
@@ -118,7 +120,8 @@ class ThinkerSession(Session):
     def __init__(self, lm: ThinkerLM, features: np.ndarray, language: str, hidden: bool = False):
         self.lm = lm
         model = lm.model
-        feats = torch.as_tensor(np.asarray(features, np.float32), device=lm.device)
+        self.device = lm.device  # a walk over the parameters: once a session, not once a token
+        feats = torch.as_tensor(np.asarray(features, np.float32), device=self.device)
         if feats.ndim != 2:
             raise ValueError(f"audio features must be (n_mels, frames), got shape {tuple(feats.shape)}")
         n_frames = feats.shape[1]
@@ -147,7 +150,7 @@ class ThinkerSession(Session):
             raise ValueError("extend() needs at least one token")
         n = len(token_ids)
         start = self.cache.get_seq_length()
-        device = self.lm.device  # a walk over the parameters: once a call
+        device = self.device
         positions = torch.arange(start, start + n, device=device) + self.rope_delta
         fast = self.lm.fast()
         if fast is not None:
