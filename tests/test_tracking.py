@@ -78,6 +78,12 @@ def test_gate_registry_alias_and_mlflow_models_serve(tmp_path, monkeypatch):
     _, version = tracker.log_gate("gate-test", "g", _gate_file(tmp_path), rows, {"kind": "lightgbm"}, {"auc": 0.9},
                                   tags={"gate": "g", "gates_key": "k1"})
     assert tracker.champion("gate-test") is None
+    # its requirements are stated (not inferred by loading it in a subprocess): installed pins
+    import importlib.metadata
+    from mlflow.artifacts import download_artifacts
+    reqs = Path(download_artifacts(f"models:/gate-test/{version}/requirements.txt", dst_path=str(tmp_path / "req")))
+    lines = reqs.read_text().split()
+    assert f"lightgbm=={importlib.metadata.version('lightgbm')}" in lines and f"speccap=={importlib.metadata.version('speccap')}" in lines, lines
     tracker.promote("gate-test", version, "first")
     assert tracker.champion("gate-test") == {"version": version, "tags": {"gate": "g", "gates_key": "k1",
                                                                            "promotion_reason": "first"}}

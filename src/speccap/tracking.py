@@ -196,7 +196,8 @@ class Tracker:
                 if Path(a).exists():
                     self.mlflow.log_artifact(str(a))
             info = self.mlflow.pyfunc.log_model(name=model_name, python_model=python_model,
-                                                artifacts=model_artifacts, input_example=input_example)
+                                                artifacts=model_artifacts, input_example=input_example,
+                                                pip_requirements=model_requirements())
         version = self.mlflow.register_model(info.model_uri, registry_name)
         client = self.mlflow.MlflowClient(self.uri)
         for k, v in (tags or {}).items():
@@ -226,6 +227,25 @@ class Tracker:
         """The pickled gate behind `models:/<name>@<alias>` (or a version number)."""
         uri = f"models:/{registry_name}/{ref}" if ref.isdigit() else f"models:/{registry_name}@{ref}"
         return self.mlflow.pyfunc.load_model(uri).unwrap_python_model().gate
+
+
+# What a logged gate or WISV head needs to load: stated, because MLflow otherwise infers it by
+# loading the model in a subprocess, ~5 s a model (7 models: ~35 s of a repro). Its inference found
+# mlflow, cloudpickle, numpy, pandas, speccap (+ scikit-learn, scipy for a logistic gate); here the
+# libraries of every gate kind and of the head are named too.
+_MODEL_PACKAGES = ("mlflow", "cloudpickle", "numpy", "pandas", "scikit-learn", "lightgbm", "torch", "speccap")
+
+
+def model_requirements() -> list[str]:
+    """The pins of _MODEL_PACKAGES as installed here (a package that is not installed: unpinned)."""
+    from importlib.metadata import PackageNotFoundError, version
+    out = []
+    for name in _MODEL_PACKAGES:
+        try:
+            out.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            out.append(name)
+    return out
 
 
 def _gate_pyfunc():
