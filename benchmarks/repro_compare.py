@@ -8,10 +8,11 @@ RUN_A and RUN_B are project roots after a full `dvc repro` (e.g. two clean clone
 - every decode and gate-evaluation configuration's captions, clip by clip (reports/runs/,
   reports/gate_runs/), and its per-caption counters that do not read the clock (tokens, rounds,
   escalations, drafted, accepted, corrected);
-- the traces (data/traces/*.jsonl) record by record.
+- the traces (data/traces/*.jsonl) clip by clip.
 Times are not compared: they are measured. Where a decoding rule decides by the clock (the
-pipelined loop's adaptive draft-ahead waits for a verdict only if it is due sooner than a token),
-its captions may differ between runs by design; those configurations are listed apart.
+pipelined loop's adaptive draft-ahead waits for a verdict only if it is due sooner than a token;
+adaptive Q-S picks L and the lattice level from measured times), its captions may differ between
+runs by design; those configurations are listed apart.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import hashlib
 import json
 import re
+import subprocess
 from pathlib import Path
 
 COUNTERS = ("tokens", "rounds", "escalations", "drafted", "accepted", "corrected")
@@ -31,9 +33,9 @@ def sha256(path: Path) -> str:
 
 
 def clock_driven(config_name: str) -> bool:
-    """Pipelined configurations (`-N<blocks in flight>-` in the name) with adaptive draft-ahead
-    decide by the measured clock."""
-    return re.search(r"-N\d+-", config_name) is not None
+    """Configurations that decide by the measured clock: pipelined ones (`-N<blocks in flight>-`,
+    adaptive draft-ahead) and adaptive Q-S (`Lqsadapt`: L and the lattice level from measured times)."""
+    return re.search(r"-N\d+-", config_name) is not None or "-Lqsadapt-" in config_name
 
 
 def _records(path: Path) -> dict[str, dict]:
@@ -66,10 +68,16 @@ def compare_runs(a: Path, b: Path) -> dict:
     traces = []
     for pa in sorted((a / "data/traces").glob("*.jsonl")):
         pb = b / "data/traces" / pa.name
-        la = pa.read_text(encoding="utf-8").splitlines()
-        lb = pb.read_text(encoding="utf-8").splitlines() if pb.exists() else []
+        # records are appended as workers finish them: compared by clip, not by line
+        la, lb = _records(pa), (_records(pb) if pb.exists() else {})
         traces.append({"file": pa.name, "records": len(la), "same": la == lb})
-    return {"a": str(a), "b": str(b), "models": models, "configs": configs, "traces": traces}
+    return {"a": str(a), "b": str(b), "commits": [_commit(a), _commit(b)], "models": models, "configs": configs,
+            "traces": traces}
+
+
+def _commit(root: Path) -> str | None:
+    run = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return run.stdout.strip() or None
 
 
 def markdown(result: dict) -> str:
@@ -78,13 +86,14 @@ def markdown(result: dict) -> str:
     clock = [c for c in result["configs"] if c["clock_driven"]]
     full = lambda c: c["same_captions"] == c["clips"] == c["shared"] and c["same_counters"] == c["clips"]  # noqa: E731
     lines = ["# Two repros compared", "",
-             f"Made by `python benchmarks/repro_compare.py {result['a']} {result['b']}`.", "",
+             f"Made by `python benchmarks/repro_compare.py {result['a']} {result['b']}`: two `dvc repro` runs from "
+             f"clean clones at commits {' and '.join(str(c) for c in result.get('commits', []))}.", "",
              "| what | the same in both runs |", "|---|---|",
              f"| model files (sha256) | {models_same} of {len(result['models'])} |",
              f"| traces files | {sum(t['same'] for t in result['traces'])} of {len(result['traces'])} |",
              f"| configurations that do not read the clock: every caption and counter | "
              f"{sum(map(full, exact))} of {len(exact)} |",
-             f"| clock-driven configurations (pipelined, adaptive draft-ahead): every caption | "
+             f"| clock-driven configurations (pipelined, adaptive Q-S): every caption | "
              f"{sum(c['same_captions'] == c['clips'] for c in clock)} of {len(clock)} |", "",
              "| configuration | clips | same captions | same counters | reads the clock |", "|---|---|---|---|---|"]
     lines += [f"| {c['config']} | {c['clips']} | {c['same_captions']} | {c['same_counters']} | "

@@ -5,7 +5,11 @@ get: the prosody vector and each mel band's mean and standard deviation).
 The first says whether the corpus could be captioned perfectly; the second is a floor for what an
 audio encoder can hear, and the emotion-hit rates of edge and cloud (reports/tables/quality.md) sit
 against it. Both are LightGBM classifiers trained on the train split and scored on the test split,
-per speech language. Run after `dvc repro featurize` (or a whole repro):
+per speech language. Once the captioners are trained, a third column per captioner: what its audio
+side carries, a linear probe (logistic regression) on the text model's input at the audio
+positions, averaged over the clip's two halves (what the training's emotion probe reads). Its
+accuracy is a ceiling for the caption's emotion word that the decoder can only lose from.
+Run after `dvc repro featurize` (or a whole repro):
 
     python benchmarks/separability.py          # -> reports/separability.md, reports/separability.json
 """
@@ -46,6 +50,38 @@ def load(params, split: str, language: str) -> tuple[np.ndarray, np.ndarray, np.
     return np.array(cues, float), np.array(feats, float), np.array(labels)
 
 
+def audio_side(params, role: str, split: str, language: str) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, emotion labels): a trained captioner's text-model input at the audio positions,
+    averaged over the clip's two halves, for one split's clips in `language`."""
+    import torch
+
+    from speccap.models.captioners import load_examples
+    from speccap.models.loading import load_role
+    from speccap.models.train import make_batch, span_means
+    lm = load_role(params, role)
+    lm.model.eval()
+    examples = [e for e in load_examples(params, split, lm.tokenizer) if e.language == language]
+    rows = []
+    for i in range(0, len(examples), 32):
+        chunk = examples[i: i + 32]
+        batch = make_batch(lm, chunk, [0] * len(chunk))
+        with torch.no_grad():
+            out = lm.model(input_ids=batch["input_ids"], input_features=batch["input_features"],
+                           feature_attention_mask=batch["feature_attention_mask"],
+                           attention_mask=batch["attention_mask"], output_hidden_states=True, use_cache=False)
+        audio = (batch["input_ids"] == lm.audio_id).float()
+        rows.append(span_means(out.hidden_states[0], audio, 2).float().numpy())
+    return np.concatenate(rows), np.array([e.emotion for e in examples])
+
+
+def probe_accuracy(train_x, train_y, test_x, test_y) -> float:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=3000))
+    return float((model.fit(train_x, train_y).predict(test_x) == test_y).mean())
+
+
 def accuracy(train_x, train_y, test_x, test_y, seed: int) -> tuple[float, np.ndarray]:
     import lightgbm as lgb
     model = lgb.LGBMClassifier(n_estimators=400, learning_rate=0.05, random_state=seed, n_jobs=1, verbose=-1)
@@ -72,6 +108,10 @@ def main() -> None:
         result["languages"][lang] = {"train_clips": int(len(tr_y)), "test_clips": int(len(te_y)),
                                      "true_cues": cue_acc, "feature_statistics": ear_acc,
                                      "confusion": confusion.tolist()}
+        for role in ("edge", "cloud"):
+            if (Path(params.models.dir) / role / "config.json").exists():
+                result["languages"][lang][f"{role}_audio_probe"] = probe_accuracy(
+                    *audio_side(params, role, "train", lang), *audio_side(params, role, "test", lang))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "separability.json").write_text(json.dumps(result, indent=1))
@@ -80,12 +120,17 @@ def main() -> None:
              "LightGBM trained on the train split, accuracy on the test split (7 emotions, chance about 14%): from "
              "the cue values each clip was rendered with (in principle), and from clip-level statistics of the "
              "features the models get (prosody vector, mean and standard deviation of each mel band: a floor "
-             "for what an audio encoder can hear).\n",
-             "| speech language | train / test clips | from the true cues | from feature statistics |",
-             "|---|---|---|---|"]
+             "for what an audio encoder can hear). Then, per trained captioner, a linear probe (logistic "
+             "regression) on its text model's input at the audio positions, averaged over the clip's two halves: "
+             "what its audio side carries, a ceiling for its caption's emotion word.\n",
+             "| speech language | train / test clips | from the true cues | from feature statistics | "
+             "edge's audio side | cloud's audio side |",
+             "|---|---|---|---|---|---|"]
+    probe = lambda r, role: f"{100 * r[role]:.1f}%" if role in r else "not trained"  # noqa: E731
     for lang, r in result["languages"].items():
         lines.append(f"| {lang} | {r['train_clips']} / {r['test_clips']} | {100 * r['true_cues']:.1f}% | "
-                     f"{100 * r['feature_statistics']:.1f}% |")
+                     f"{100 * r['feature_statistics']:.1f}% | {probe(r, 'edge_audio_probe')} | "
+                     f"{probe(r, 'cloud_audio_probe')} |")
     for lang, r in result["languages"].items():
         lines += [f"\n## Confusions from feature statistics, {lang} (rows: true emotion)\n",
                   "| | " + " | ".join(EMOTIONS) + " |", "|---" * (len(EMOTIONS) + 1) + "|"]

@@ -18,7 +18,8 @@ def _run(root: Path, caption_b: str, weights: bytes, counter: int = 3) -> Path:
             {"id": "b", "caption": caption_b, "tokens": counter, "wall_time": 0.2}]
     for name in ("edge-en-1", "ugsd-en-entropy1-L5-rank2-N2-2"):
         (root / "reports" / "runs" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "data" / "traces" / "train.en.jsonl").write_text('{"id": "a"}\n')
+    order = ['{"id": "a"}\n', '{"id": "b"}\n']
+    (root / "data" / "traces" / "train.en.jsonl").write_text("".join(order if caption_b == "sad" else order[::-1]))
     return root
 
 
@@ -33,4 +34,5 @@ def test_same_runs_agree_and_differences_are_found(tmp_path):
     edge = next(c for c in other["configs"] if "edge" in c["config"])
     assert (edge["same_captions"], edge["same_counters"], edge["clock_driven"]) == (1, 1, False)
     assert next(c for c in other["configs"] if "-N2-" in c["config"])["clock_driven"]
+    assert all(t["same"] for t in other["traces"])  # the same records in another order
     assert "| model files (sha256) | 0 of 1 |" in repro_compare.markdown(other)
