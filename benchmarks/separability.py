@@ -7,8 +7,8 @@ audio encoder can hear, and the emotion-hit rates of edge and cloud (reports/tab
 against it. Both are LightGBM classifiers trained on the train split and scored on the test split,
 per speech language. Once the captioners are trained, a third column per captioner: what its audio
 side carries, a linear probe (logistic regression) on the text model's input at the audio
-positions, averaged over the clip's two halves (what the training's emotion probe reads). Its
-accuracy is a ceiling for the caption's emotion word that the decoder can only lose from.
+positions, averaged over the clip's two halves (what the training's emotion probe reads): how much
+emotion its audio side carries, read linearly, beside how often its caption names the right one.
 Run after `dvc repro featurize` (or a whole repro):
 
     python benchmarks/separability.py          # -> reports/separability.md, reports/separability.json
@@ -122,7 +122,7 @@ def main() -> None:
              "features the models get (prosody vector, mean and standard deviation of each mel band: a floor "
              "for what an audio encoder can hear). Then, per trained captioner, a linear probe (logistic "
              "regression) on its text model's input at the audio positions, averaged over the clip's two halves: "
-             "what its audio side carries, a ceiling for its caption's emotion word.\n",
+             "what its audio side carries, read linearly, beside what its caption names (reports/tables/quality.md).\n",
              "| speech language | train / test clips | from the true cues | from feature statistics | "
              "edge's audio side | cloud's audio side |",
              "|---|---|---|---|---|---|"]
