@@ -11,7 +11,8 @@ edge -> cloud gap closed (BLEU-1, emotion hit) with 95% paired-bootstrap CIs, th
 and the paired difference greedy - rank-R. The gates, thresholds and clips are the gate
 evaluation's; only the verification differs. Run after `dvc repro gate_eval`:
 
-    python benchmarks/gate_verify_rank.py     # -> reports/gate_verify_rank.md, .json (+ runs under reports/gate_verify_rank/)
+    python benchmarks/gate_verify_rank.py     # -> reports/gate_verify_rank.md, .json
+                                              #    (+ its runs under reports/gate_verify_rank/)
 """
 
 from __future__ import annotations

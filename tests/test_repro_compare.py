@@ -4,7 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("repro_compare", Path(__file__).parents[1] / "benchmarks" / "repro_compare.py")
+_SCRIPT = Path(__file__).parents[1] / "benchmarks" / "repro_compare.py"
+_spec = importlib.util.spec_from_file_location("repro_compare", _SCRIPT)
 repro_compare = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(repro_compare)
 
