@@ -33,8 +33,12 @@ from speccap.pipeline.sweep import Pool, RunConfig, eval_clips, run_config  # no
 KEYS = (("bleu1", "BLEU-1"), ("emotion_hit_rate", "emotion hit"))
 
 
-def clip_stats(records: list[dict], clips: list[dict], language: str) -> ClipStats:
+def clip_stats(records: list[dict], clips: list[dict], language: str, source: Path) -> ClipStats:
     by_id = {r["id"]: r for r in records}
+    missing = [c["id"] for c in clips if c["id"] not in by_id]
+    if missing:
+        raise SystemExit(f"{source}: no caption of {len(missing)} evaluation clip(s), e.g. {missing[0]} "
+                         f"(run `dvc repro gate_eval` with the current params)")
     s = score_captions([by_id[c["id"]]["caption"] for c in clips], [c["references"] for c in clips], language,
                        [c.get("emotion") for c in clips])
     return ClipStats.from_records([c["id"] for c in clips], s.per_caption)
@@ -54,7 +58,10 @@ def main() -> None:
     ap.add_argument("--out", default="reports")
     args = ap.parse_args()
     params = load_params(args.params)
-    gates = json.loads(Path("models/gates/gates.json").read_text())
+    gates_path = Path("models/gates/gates.json")
+    if not gates_path.exists():
+        raise SystemExit(f"{gates_path}: not found; run `dvc repro gate_eval` here first")
+    gates = json.loads(gates_path.read_text())
     name = gates["chosen"]["critical"]
     verify = gates.get("verify", "alone")
     runs_dir = Path(args.out) / "gate_verify_rank"
@@ -63,9 +70,10 @@ def main() -> None:
     try:
         for lang in params.data.languages:
             clips = eval_clips(params, lang)[: params.gates.eval_clips or None]
-            edge_f = next(Path("reports/runs").glob(f"edge-{lang}-*.jsonl"))
-            cloud_f = next(Path("reports/runs").glob(f"cloud-{lang}-*.jsonl"))
-            edge, cloud = (clip_stats(_read(f), clips, lang) for f in (edge_f, cloud_f))
+            refs = {m: next(Path("reports/runs").glob(f"{m}-{lang}-*.jsonl"), None) for m in ("edge", "cloud")}
+            if None in refs.values():
+                raise SystemExit(f"reports/runs: no edge-only or cloud-only {lang} records (run `dvc repro decode`)")
+            edge, cloud = (clip_stats(_read(f), clips, lang, f) for f in refs.values())
             for budget, per_lang in sorted(gates["gates"][name]["thresholds"].items()):
                 t = per_lang[lang]
                 ranked = RunConfig("ugsd", lang, gate=name, threshold=t, rule="rank", rank=params.decode.rank,
@@ -74,10 +82,13 @@ def main() -> None:
                 found = sorted(path.parent.glob(path.name + "*.jsonl"))
                 if not found:
                     raise SystemExit(f"reports/gate_runs: no run of {ranked.name} (run `dvc repro gate_eval` first)")
-                ranked_recs = _read(found[0])
+                ranked_path = found[0]
+                ranked_recs = _read(ranked_path)
                 greedy = RunConfig("ugsd", lang, gate=name, threshold=t, rule="rank", rank=1, token=verify)
-                greedy_recs = run_config(greedy, clips, pool, runs_dir / f"{greedy.name}.jsonl")
-                s_rank, s_greedy = clip_stats(ranked_recs, clips, lang), clip_stats(greedy_recs, clips, lang)
+                greedy_path = runs_dir / f"{greedy.name}.jsonl"
+                greedy_recs = run_config(greedy, clips, pool, greedy_path)
+                s_rank = clip_stats(ranked_recs, clips, lang, ranked_path)
+                s_greedy = clip_stats(greedy_recs, clips, lang, greedy_path)
                 row = {"language": lang, "gate": name, "budget": float(budget), "threshold": t, "clips": len(clips),
                        "rho_rank": rho(ranked_recs), "rho_greedy": rho(greedy_recs)}
                 for key, _ in KEYS:

@@ -50,9 +50,10 @@ def load(params, split: str, language: str) -> tuple[np.ndarray, np.ndarray, np.
     return np.array(cues, float), np.array(feats, float), np.array(labels)
 
 
-def audio_side(params, role: str, split: str, language: str) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, emotion labels): a trained captioner's text-model input at the audio positions,
-    averaged over the clip's two halves, for one split's clips in `language`."""
+def audio_side(params, role: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """split -> (rows, emotion labels, speech languages) of the train and test clips: a trained
+    captioner's text-model input at the audio positions, averaged over the clip's two halves.
+    The model is loaded once and each split's examples are read once, for all languages."""
     import torch
 
     from speccap.models.captioners import load_examples
@@ -60,18 +61,22 @@ def audio_side(params, role: str, split: str, language: str) -> tuple[np.ndarray
     from speccap.models.train import make_batch, span_means
     lm = load_role(params, role)
     lm.model.eval()
-    examples = [e for e in load_examples(params, split, lm.tokenizer) if e.language == language]
-    rows = []
-    for i in range(0, len(examples), 32):
-        chunk = examples[i: i + 32]
-        batch = make_batch(lm, chunk, [0] * len(chunk))
-        with torch.no_grad():
-            out = lm.model(input_ids=batch["input_ids"], input_features=batch["input_features"],
-                           feature_attention_mask=batch["feature_attention_mask"],
-                           attention_mask=batch["attention_mask"], output_hidden_states=True, use_cache=False)
-        audio = (batch["input_ids"] == lm.audio_id).float()
-        rows.append(span_means(out.hidden_states[0], audio, 2).float().numpy())
-    return np.concatenate(rows), np.array([e.emotion for e in examples])
+    out = {}
+    for split in ("train", "test"):
+        examples = load_examples(params, split, lm.tokenizer)
+        rows = []
+        for i in range(0, len(examples), 32):
+            chunk = examples[i: i + 32]
+            batch = make_batch(lm, chunk, [0] * len(chunk))
+            with torch.no_grad():
+                hidden = lm.model(input_ids=batch["input_ids"], input_features=batch["input_features"],
+                                  feature_attention_mask=batch["feature_attention_mask"],
+                                  attention_mask=batch["attention_mask"], output_hidden_states=True,
+                                  use_cache=False).hidden_states[0]
+            rows.append(span_means(hidden, (batch["input_ids"] == lm.audio_id).float(), 2).float().numpy())
+        out[split] = (np.concatenate(rows), np.array([e.emotion for e in examples]),
+                      np.array([e.language for e in examples]))
+    return out
 
 
 def probe_accuracy(train_x, train_y, test_x, test_y) -> float:
@@ -108,10 +113,14 @@ def main() -> None:
         result["languages"][lang] = {"train_clips": int(len(tr_y)), "test_clips": int(len(te_y)),
                                      "true_cues": cue_acc, "feature_statistics": ear_acc,
                                      "confusion": confusion.tolist()}
-        for role in ("edge", "cloud"):
-            if (Path(params.models.dir) / role / "config.json").exists():
-                result["languages"][lang][f"{role}_audio_probe"] = probe_accuracy(
-                    *audio_side(params, role, "train", lang), *audio_side(params, role, "test", lang))
+    for role in ("edge", "cloud"):
+        if not (Path(params.models.dir) / role / "config.json").exists():
+            continue  # not trained yet: the report says so
+        side = audio_side(params, role)
+        for lang, r in result["languages"].items():
+            (tr_x, tr_y, tr_l), (te_x, te_y, te_l) = side["train"], side["test"]
+            r[f"{role}_audio_probe"] = probe_accuracy(tr_x[tr_l == lang], tr_y[tr_l == lang],
+                                                      te_x[te_l == lang], te_y[te_l == lang])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "separability.json").write_text(json.dumps(result, indent=1))

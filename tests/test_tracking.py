@@ -83,7 +83,8 @@ def test_gate_registry_alias_and_mlflow_models_serve(tmp_path, monkeypatch):
     from mlflow.artifacts import download_artifacts
     reqs = Path(download_artifacts(f"models:/gate-test/{version}/requirements.txt", dst_path=str(tmp_path / "req")))
     lines = reqs.read_text().split()
-    assert f"lightgbm=={importlib.metadata.version('lightgbm')}" in lines and f"speccap=={importlib.metadata.version('speccap')}" in lines, lines
+    for package in ("lightgbm", "speccap"):
+        assert f"{package}=={importlib.metadata.version(package)}" in lines, lines
     tracker.promote("gate-test", version, "first")
     assert tracker.champion("gate-test") == {"version": version, "tags": {"gate": "g", "gates_key": "k1",
                                                                            "promotion_reason": "first"}}
