@@ -4,9 +4,10 @@ The gate evaluation verifies a flagged token by the rank rule of the decode stag
 stands when it is among the cloud's top R (R = 2 on the embedded testbed). A flagged token was
 chosen because the edge is likely wrong there; letting the cloud's second choice stand gives the
 word back to the edge where it matters most (e.g. the first word of the quoted sentence: the
-edge's usual "The" is often the cloud's second choice). This script decodes the test clips with
-the chosen critical gate at each budget's threshold, flagged tokens judged greedily, and sets it
-beside the same gate at rank R from the gate evaluation (reports/gate_runs): the share of the
+edge's usual "The" is often the cloud's second choice). The `gates` stage chooses R per language
+on validation (speccap.pipeline.verify_rank); this script shows both on the test clips: the chosen
+critical gate at each budget's threshold, flagged tokens judged greedily and by rank-R, one of
+them from the gate evaluation (reports/gate_runs, the R it chose) and the other decoded here: the share of the
 edge -> cloud gap closed (BLEU-1, emotion hit) with 95% paired-bootstrap CIs, the escalation rate,
 and the paired difference greedy - rank-R. The gates, thresholds and clips are the gate
 evaluation's; only the verification differs. Run after `dvc repro gate_eval`:
@@ -28,7 +29,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from speccap.config import load_params  # noqa: E402
 from speccap.metrics.bootstrap import ClipStats, difference, gap_closed  # noqa: E402
 from speccap.metrics.caption import score_captions  # noqa: E402
-from speccap.pipeline.sweep import Pool, RunConfig, eval_clips, run_config  # noqa: E402
+from speccap.pipeline.sweep import Pool, eval_clips, run_config  # noqa: E402
+from speccap.pipeline.verify_rank import rank_config  # noqa: E402
 
 KEYS = (("bleu1", "BLEU-1"), ("emotion_hit_rate", "emotion hit"))
 
@@ -76,17 +78,14 @@ def main() -> None:
             edge, cloud = (clip_stats(_read(f), clips, lang, f) for f in refs.values())
             for budget, per_lang in sorted(gates["gates"][name]["thresholds"].items()):
                 t = per_lang[lang]
-                ranked = RunConfig("ugsd", lang, gate=name, threshold=t, rule="rank", rank=params.decode.rank,
-                                   token=verify)
-                path = Path("reports/gate_runs") / f"{ranked.name}-"
-                found = sorted(path.parent.glob(path.name + "*.jsonl"))
-                if not found:
-                    raise SystemExit(f"reports/gate_runs: no run of {ranked.name} (run `dvc repro gate_eval` first)")
-                ranked_path = found[0]
-                ranked_recs = _read(ranked_path)
-                greedy = RunConfig("ugsd", lang, gate=name, threshold=t, rule="rank", rank=1, token=verify)
-                greedy_path = runs_dir / f"{greedy.name}.jsonl"
-                greedy_recs = run_config(greedy, clips, pool, greedy_path)
+                recs, paths = {}, {}
+                for r in (params.decode.rank, 1):  # the gate evaluation's run where it judged by this R
+                    cfg = rank_config(params, lang, name, t, r)
+                    found = sorted(Path("reports/gate_runs").glob(f"{cfg.name}-*.jsonl"))
+                    paths[r] = found[0] if found else runs_dir / f"{cfg.name}.jsonl"
+                    recs[r] = _read(found[0]) if found else run_config(cfg, clips, pool, paths[r])
+                ranked_recs, greedy_recs = recs[params.decode.rank], recs[1]
+                ranked_path, greedy_path = paths[params.decode.rank], paths[1]
                 s_rank = clip_stats(ranked_recs, clips, lang, ranked_path)
                 s_greedy = clip_stats(greedy_recs, clips, lang, greedy_path)
                 row = {"language": lang, "gate": name, "budget": float(budget), "threshold": t, "clips": len(clips),
@@ -99,14 +98,17 @@ def main() -> None:
     finally:
         pool.close()
     out = Path(args.out)
-    (out / "gate_verify_rank.json").write_text(json.dumps({"rank": params.decode.rank, "rows": rows}, indent=1))
+    chosen = gates.get("verify_rank", {}).get("chosen", {})
+    (out / "gate_verify_rank.json").write_text(json.dumps({"rank": params.decode.rank, "chosen_on_validation": chosen,
+                                                           "rows": rows}, indent=1))
     ci = lambda d: f"{d['value']:.1f} [{d['ci_low']:.1f}, {d['ci_high']:.1f}]"  # noqa: E731
     lines = ["# Flagged tokens judged greedily vs by rank-R\n",
              f"Made by `python benchmarks/gate_verify_rank.py`. The chosen critical gate ({name}, flagged tokens "
              f"verified {verify}) at each budget's threshold on the gate evaluation's test clips; a flagged token "
-             f"judged by rank-R (R = {params.decode.rank}, the gate evaluation's runs) or greedily (R = 1). "
-             "Share of the edge -> cloud gap closed, % [95% paired-bootstrap CI over clips]; the difference "
-             "greedy - rank-R in points, paired.\n",
+             f"judged by rank-R (R = {params.decode.rank}) or greedily (R = 1). The `gates` stage chose on "
+             "validation: " + (", ".join(f"{lang} R = {r}" for lang, r in chosen.items()) or "no choice recorded")
+             + " (the gate evaluation's rows; the other R is decoded here). Share of the edge -> cloud gap "
+             "closed, % [95% paired-bootstrap CI over clips]; the difference greedy - rank-R in points, paired.\n",
              "| lang | rho* | rho rank-R / greedy | BLEU-1 share rank-R | BLEU-1 share greedy | BLEU-1 greedy - rank-R "
              "| emotion share rank-R | emotion share greedy | emotion hit greedy - rank-R |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -39,7 +39,7 @@ def gate_eval_flow(params_path: str | None = None, overrides: dict | None = None
     summary["configs"] += reused
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False))
-    result = build_gate_report(params, summary, OUT, gates_json.get("dagger"))
+    result = build_gate_report(params, summary, OUT, gates_json.get("dagger"), gates_json.get("verify_rank"))
     return result
 
 

@@ -5,7 +5,10 @@ validation traces (ROC AUC for mismatches and for critical mismatches, calibrati
 importances) and given a threshold per budget; each one is logged as a pyfunc model (token
 features in, scores and decisions out) and registered under gates.registry_name (promotion is
 its own stage). With gates.dagger.rounds, the captions the loop commits under the chosen gate are
-traced and the gates trained again with them (speccap.pipeline.dagger), round by round.
+traced and the gates trained again with them (speccap.pipeline.dagger), round by round. Last, the
+chosen critical gate decodes the validation clips once per R of gates.verify_ranks, and the R its
+flagged tokens are judged by is chosen per language and written into every gate
+(speccap.pipeline.verify_rank) before they are logged.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from speccap.gating.features import TOKEN_SCALARS, token_columns
 from speccap.pipeline.dagger import dagger_rounds, total_clips
 from speccap.pipeline.gates import gate_dir, learned_names, train_gates
 from speccap.pipeline.traces import TRACE_DIR, features_of
+from speccap.pipeline.verify_rank import choose_verify_rank, stamp_gates, total_captions
 from speccap.tracking import Tracker
 
 
@@ -45,6 +49,12 @@ def gates_flow(params_path: str | None = None) -> dict:
         finally:
             bar.close()
     result["dagger"] = rounds
+    bar = tqdm(total=total_captions(params), desc="verify rank (validation)", unit="caption")
+    try:
+        result["verify_rank"] = choose_verify_rank(params, params_path, result, progress=bar.update)
+    finally:
+        bar.close()
+    stamp_gates(params, result["verify_rank"]["chosen"])
     out = gate_dir(params)
     key = hashlib.sha256(b"".join((out / f"{n}.pkl").read_bytes() for n in learned_names(params))).hexdigest()[:12]
     result["gates_key"] = key

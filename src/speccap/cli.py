@@ -81,6 +81,7 @@ def _cmd_caption(args) -> int:
             settings = settings_from_params(decode, max_new, args.seed, args.qs_level or params.qs.level)
             if champion:
                 settings.gate = _champion_gate(params, args.threshold)
+                settings.rule = _champion_rule(settings, args)
             if args.rule == "wisv":
                 settings.rule = _wisv_rule(params, args)
             rec = speculative(edge, cloud, mel, args.language, settings, link)
@@ -182,6 +183,7 @@ def _cmd_edge(args) -> int:
                                             args.qs_level or params.qs.level)
             if champion:
                 settings.gate = _champion_gate(params, args.threshold)
+                settings.rule = _champion_rule(settings, args)
             if args.rule == "wisv":  # the server holds the head; the edge sends tau, the channel and states
                 from .decoding.wisv import WISV
                 settings.rule = WISV(None, params.wisv.tau if args.tau is None else args.tau, params.wisv.protocol)
@@ -222,6 +224,15 @@ def _champion_gate(params, threshold: float | None):
                           f"{tracker.uri} (run the pipeline's promote stage: dvc repro promote)")
     saved = tracker.load_gate(params.gates.registry_name, "champion")
     return gate_from_saved(saved, threshold, "champion")  # a token gate escalates token by token
+
+
+def _champion_rule(settings, args):
+    """The champion judges its flagged tokens by the R it carries for the language (chosen on
+    validation), unless --rank or --rule says otherwise."""
+    from .decoding.verify import rule_for_gate
+    if args.rank is not None or args.rule is not None:
+        return settings.rule
+    return rule_for_gate(settings.rule, settings.gate, args.language)
 
 
 def _cmd_score(args) -> int:

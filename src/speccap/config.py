@@ -196,6 +196,9 @@ class GatesParams:
     kinds: tuple[str, ...] = ("logistic", "lightgbm", "mlp")
     targets: tuple[str, ...] = ("critical", "mismatch")
     verify: str = "alone"  # what goes up with a flagged token: alone | pending (decoding.gates)
+    # R of the rank rule a flagged token may be judged by besides decode.rank's; chosen per language on
+    # validation (pipeline.verify_rank); () = decode's rule only
+    verify_ranks: tuple[int, ...] = ()
     baselines: tuple[str, ...] = ("entropy",)  # rule gates evaluated at the same budgets, per token and per block
     budgets: tuple[float, ...] = (0.05, 0.1)  # target escalation rates rho*
     eval_clips: int = 0  # test clips per language for the gate evaluation (0 = all)
@@ -460,6 +463,8 @@ def _validate(p: Params) -> None:
         v for v in (g.verify,) if v not in ("alone", "pending")]
     if bad:
         raise ConfigError(f"params keys gates.kinds / gates.targets / gates.baselines / gates.verify: unknown {bad}")
+    if any(r < 1 for r in g.verify_ranks):
+        raise ConfigError(f"params key gates.verify_ranks: R of the rank rule must be >= 1, got {list(g.verify_ranks)}")
     if not g.budgets or any(not 0 < b <= 1 for b in g.budgets) or not 0 < g.promote_budget <= 1:
         raise ConfigError("params keys gates.budgets / gates.promote_budget: escalation rates in (0, 1]")
     if any(length < 0 for length in p.sweep.block_lens) or p.sweep.workers < 0 or p.sweep.threads < 1:
@@ -572,9 +577,11 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
                "tracking.experiment"),
     "report": ("decode", "link", "data.languages"),
     "traces": ("seed", "gates.traces", "decode.rank", "models.max_new_tokens", "data.languages"),
+    # the link changes when the DAgger and verify-rank captions' clocks tick, not what they say: not listed
     "gates": ("seed", "gates.kinds", "gates.targets", "gates.baselines", "gates.budgets", "gates.registry_name",
-              "gates.verify", "gates.promote_budget", "gates.traces", "gates.dagger", *_GATE_DECODE,
-              "sweep.workers", "sweep.threads", "models.max_new_tokens", "data.languages", "tracking.experiment"),
+              "gates.verify", "gates.verify_ranks", "gates.promote_budget", "gates.traces", "gates.dagger",
+              *_GATE_DECODE, "sweep.workers", "sweep.threads", "models.max_new_tokens", "data.languages",
+              "tracking.experiment"),
     # gates are evaluated at the block length their thresholds were calibrated on (gates.traces.block_len),
     # so a change of decode.block_len leaves them alone
     "gate_eval": ("seed", "gates", *_GATE_DECODE, "link", "sweep.workers", "sweep.threads", "models.max_new_tokens",

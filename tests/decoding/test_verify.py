@@ -88,3 +88,18 @@ def test_naive_acceptance_would_not_follow_the_cloud():
     rng = np.random.default_rng(0)
     counts = np.bincount(rng.choice(vocab, size=30000, p=q), minlength=vocab)
     assert chisquare(counts, 30000 * p).pvalue < 1e-6
+
+
+def test_a_token_gate_judges_its_flagged_tokens_by_its_own_rank_per_language():
+    from speccap.decoding.gates import make_gate
+    from speccap.decoding.verify import rule_for_gate
+    gate = make_gate("entropy", 1.0).at_token_level("alone")
+    gate.verify_rank = {"en": 1}
+    picked = rule_for_gate(Rank(2), gate, "en")
+    assert isinstance(picked, Rank) and picked.r == 1
+    assert rule_for_gate(Rank(2), gate, "zh").r == 2  # no R of its own for zh: the rule given
+    sampling = SpecSampling(1.0)
+    assert rule_for_gate(sampling, gate, "en") is sampling  # a sampling rule is the caller's explicit choice
+    block = make_gate("entropy", 1.0)
+    block.verify_rank = {"en": 1}
+    assert rule_for_gate(Rank(2), block, "en").r == 2  # a block gate judges by the rule given

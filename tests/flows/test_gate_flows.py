@@ -21,7 +21,7 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
         # the tiny models gain little from any correction: a tenth of a point makes a mismatch critical
         "traces": {"train_clips": 4, "val_clips": 2, "block_len": 2, "critical_margin": 0.1}, "budgets": [0.3, 0.6],
         "promote_budget": 0.3,
-        "eval_clips": 2, "dagger": {"rounds": 1, "train_clips": 2}})
+        "eval_clips": 2, "dagger": {"rounds": 1, "train_clips": 2}, "verify_ranks": [1]})
 
     summary = traces_flow(str(pfile))
     train = pd.read_parquet(tmp_path / "data/traces/train.parquet")
@@ -53,6 +53,15 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
     (logged,) = [x for x in tracker.runs() if x["name"] == "dagger-round-1"]
     assert "before_auc_mismatch" in logged["metrics"] or "after_auc_mismatch" in logged["metrics"]
     chosen = set(gates["chosen"].values())
+    # the R flagged tokens are judged by: decode's and greedy, each on the validation clips, one chosen per
+    # language and written into every registered gate (what a deployed champion reads back)
+    vr = gates["verify_rank"]
+    assert vr["candidates"] == [params.decode.rank, 1] and vr["gate"] == gates["chosen"]["critical"]
+    assert set(vr["chosen"]) == {"en", "zh"} and set(vr["chosen"].values()) <= {params.decode.rank, 1}
+    assert {row["clips"] for per in vr["validation"].values() for row in per.values()} == {2}
+    assert len(list((tmp_path / "data/verify_rank").glob("*.jsonl"))) == 4
+    assert tracker.load_gate("speccap-gate", tracker.model_versions("speccap-gate")[0]["version"])[
+        "verify_rank"] == vr["chosen"]
 
     result = gate_eval_flow(str(pfile))
     en = result["languages"]["en"]
@@ -67,6 +76,10 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
     assert (tmp_path / "reports/gates/pareto.png").stat().st_size > 5000
     md = (tmp_path / "reports/gates/gates.md").read_text()
     assert "| en | oracle |" in md and "| en | entropy-block |" in md and "## DAgger rounds" in md
+    assert "## How flagged tokens are judged" in md
+    for lang, r in vr["chosen"].items():  # the token rows judge by the chosen R
+        names = [p.name for p in (tmp_path / "reports/gate_runs").glob(f"ugsd-{lang}-*-tokalone-*.jsonl")]
+        assert names and all(f"-rank{r}-" in n or (r == 1 and "-greedy-" in n) for n in names)
     name = sorted(chosen)[0]
     budget_runs = [r for r in tracker.runs() if r["params"].get("gate_name") == name]
     assert {r["params"]["budget"] for r in budget_runs} >= {"0.3", "0.6"}

@@ -63,6 +63,9 @@ def test_intervals_narrow_with_more_clips_and_emotion_hit_is_bootstrapped():
     assert {"bleu1_ci_low", "meteor_ci_high", "rouge_l_ci_low"} <= set(m)
     with pytest.raises(KeyError, match="no per-clip 'emotion_hit_rate'"):
         interval(_stats(GOOD)[1], "emotion_hit_rate")
+    # the gates' combined figure: the mean of BLEU-1 and the emotion hit rate
+    s_mid, mid = _stats(MID, ["angry", "sad", "happy", "neutral"] * 10)
+    assert interval(mid, "bleu1_emotion")["value"] == pytest.approx((s_mid.bleu1 + s_mid.emotion_hit_rate) / 2)
 
 
 def test_relative_quality_change_over_pairs_and_pooled_over_languages():

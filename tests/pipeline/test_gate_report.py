@@ -30,6 +30,19 @@ def test_configs_hold_the_oracle_both_entropy_levels_the_chosen_gates_and_the_ot
     assert len({c.name for c in configs}) == len(configs)  # every run has its own name (and records)
 
 
+def test_token_rows_judge_flagged_tokens_by_the_rank_chosen_per_language():
+    p = params_from_dict({"decode": {"rule": "rank", "rank": 2}, "gates": {"budgets": [0.1], "promote_budget": 0.1}})
+    plain, _ = gate_configs(p, _gates_json())
+    configs, tags = gate_configs(p, _gates_json() | {"verify_rank": {"chosen": {"en": 1, "zh": 2}}})
+    token = {lang: [c for c in configs if c.language == lang and c.token is not None] for lang in ("en", "zh")}
+    assert token["en"] and all((c.rule, c.rank) == ("rank", 1) for c in token["en"])  # oracle included
+    assert any(tags[c]["gate_name"] == ORACLE for c in token["en"])
+    # zh keeps decode's R: the very configurations (and records) of the evaluation without a choice
+    assert token["zh"] == [c for c in plain if c.language == "zh" and c.token is not None]
+    block = [c for c in configs if c in tags and tags[c]["gate_name"] == "entropy-block"]
+    assert block and all((c.rule, c.rank) == ("rank", 2) for c in block)  # UGSD's block gate: decode's rule
+
+
 def test_decode_references_are_reused_only_for_the_same_clips(tmp_path):
     clips = {"en": [{"id": "a"}, {"id": "b"}], "zh": [{"id": "c"}]}
     rows = [{"method": "edge", "language": "en", "status": "FINISHED", "clip_stats": {"ids": ["a", "b"]}},

@@ -12,6 +12,10 @@ it is drafted (`flag`: the last token of the pending block) and the loop verifie
 `verify = "alone"` sends only the flagged token (the unflagged tokens before it are committed as
 drafted and reach the cloud as context), `verify = "pending"` sends every token drafted since
 the last verification. With `always` every token is flagged; `never` flags none.
+
+A token gate may also carry `verify_rank` (language -> R): how strictly its flagged tokens are
+judged, chosen on validation by the `gates` stage (pipeline.verify_rank). The loops take the rule
+they are given; `decoding.verify.rule_for_gate` is what a deployment applies before captioning.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class Gate(ABC):
     level: str = "block"  # "block" | "token"
     verify: str = "alone"  # token level: what goes up with a flagged token (VERIFY)
     needs_hidden: bool = False  # its features read the edge's hidden state before each drafted token
+    verify_rank: dict[str, int] | None = None  # token level: R per language its flagged tokens are judged by
 
     @abstractmethod
     def escalate(self, block: Block) -> bool:
@@ -50,6 +55,8 @@ class Gate(ABC):
         out = {"gate": self.name}
         if self.level == "token":
             out.update(level="token", verify=self.verify)
+            if self.verify_rank:
+                out["verify_rank"] = dict(self.verify_rank)
         return out
 
 

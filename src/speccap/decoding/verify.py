@@ -138,3 +138,14 @@ def make_rule(name: str, rank: int = 20, temperature: float = 1.0, level: int = 
     if name == "spec_sampling":
         return SpecSampling(temperature)
     raise ValueError(f"unknown verification rule {name!r} (expected greedy, rank, spec_sampling, qs or sq)")
+
+
+def rule_for_gate(rule: Rule, gate, language: str) -> Rule:
+    """The rule a token gate's flagged tokens are judged by in `language`: rank-R with the gate's
+    own R for it (`gate.verify_rank`, chosen on validation) when it has one and `rule` is of the
+    rank family (greedy, rank); otherwise `rule` unchanged (a sampling or WISV rule is the caller's
+    explicit choice, and a block gate has no R of its own)."""
+    ranks = getattr(gate, "verify_rank", None) or {}
+    if getattr(gate, "level", "block") != "token" or language not in ranks or not isinstance(rule, Rank):
+        return rule
+    return Rank(ranks[language])

@@ -174,9 +174,10 @@ class LearnedTokenGate(LearnedGate):
     needs_hidden = True
 
     def __init__(self, model: TokenGateModel, threshold: float | dict, name: str | None = None,
-                 verify: str = "alone"):
+                 verify: str = "alone", verify_rank: dict[str, int] | None = None):
         super().__init__(model, threshold, name or f"tok-{model.kind}-{model.target}")
         self.at_token_level(verify)
+        self.verify_rank = dict(verify_rank) if verify_rank else None
 
     def score(self, block: Block) -> float:
         return float(self.model.token_scores(token_rows(block, self.model.dim, self.model.eos)).max())

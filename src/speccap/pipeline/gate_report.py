@@ -34,6 +34,7 @@ from .gates import BLOCK_SUFFIX
 from .markdown import md_table
 from .quality_table import format_ci
 from .sweep import RunConfig
+from .verify_rank import default_rank, rule_fields, section as verify_rank_section
 
 OUT = Path("reports/gates")
 ORACLE = "oracle"
@@ -50,16 +51,19 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
     base = dict(rule=d.rule, rank=d.rank if d.rule == "rank" else 0)
     chosen = gates_json["chosen"]
     main = chosen.get("critical") or next(iter(chosen.values()), None)  # the target the champion is meant for
+    ranks = gates_json.get("verify_rank", {}).get("chosen", {})
     configs, tags = [], {}
     for lang in params.data.languages:
         configs += [RunConfig("edge", lang), RunConfig("cloud", lang)]
-        oracle = RunConfig("ugsd", lang, "always", None, 0, token=g.verify, **base)
+        # token level: flagged tokens judged by the R chosen on validation (pipeline.verify_rank)
+        tok = rule_fields(params, ranks.get(lang, default_rank(params)))
+        oracle = RunConfig("ugsd", lang, "always", None, 0, token=g.verify, **tok)
         configs.append(oracle)
         tags[oracle] = {"gate_name": ORACLE, "budget": None, "detail": False}
         for b in g.budgets:
             for rule in g.baselines:
                 thr = gates_json["gates"][rule]["thresholds"][str(b)][lang]
-                cfg = RunConfig("ugsd", lang, rule, float(thr), 0, token=g.verify, **base)
+                cfg = RunConfig("ugsd", lang, rule, float(thr), 0, token=g.verify, **tok)
                 tags[cfg] = {"gate_name": rule, "budget": b, "detail": False}
                 thr = gates_json["gates"][rule + BLOCK_SUFFIX]["thresholds"][str(b)][lang]
                 block = RunConfig("ugsd", lang, rule, float(thr), d.block_len, **base)
@@ -67,7 +71,7 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
                 configs += [cfg, block]
             for name in dict.fromkeys(chosen.values()):
                 thr = gates_json["gates"][name]["thresholds"][str(b)][lang]
-                cfg = RunConfig("ugsd", lang, name, float(thr), 0, token=g.verify, **base)
+                cfg = RunConfig("ugsd", lang, name, float(thr), 0, token=g.verify, **tok)
                 tags[cfg] = {"gate_name": name, "budget": b, "detail": name != main}
                 configs.append(cfg)
         # the other verification variant, for the critical gate at the promote budget: what the
@@ -76,7 +80,7 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
         name = chosen.get("critical")
         if name and str(g.promote_budget) in gates_json["gates"][name]["thresholds"]:
             thr = gates_json["gates"][name]["thresholds"][str(g.promote_budget)][lang]
-            cfg = RunConfig("ugsd", lang, name, float(thr), 0, token=other, **base)
+            cfg = RunConfig("ugsd", lang, name, float(thr), 0, token=other, **tok)
             tags[cfg] = {"gate_name": f"{name} ({other})", "budget": g.promote_budget, "detail": True}
             configs.append(cfg)
     return configs, tags
@@ -109,8 +113,10 @@ def _stats(c: dict) -> ClipStats:
     return ClipStats.from_json(c["clip_stats"])
 
 
-def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: list[dict] | None = None) -> dict:
-    """`dagger`: the gates stage's DAgger rounds (gates.json "dagger"), shown in their own section."""
+def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: list[dict] | None = None,
+                      verify_rank: dict | None = None) -> dict:
+    """`dagger`: the gates stage's DAgger rounds (gates.json "dagger"), shown in their own section;
+    `verify_rank`: its choice of R for flagged tokens (gates.json "verify_rank"), likewise."""
     out.mkdir(parents=True, exist_ok=True)
     ok = [c for c in summary["configs"] if c["status"] == "FINISHED" and c.get("clip_stats")]
     rows, result = [], {"languages": {}}
@@ -177,6 +183,9 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: li
     for lang, r in result["languages"].items():
         for line in r["targets"]["lines"]:
             text.append(f"- {lang}: {line}")
+    if verify_rank and verify_rank.get("validation"):
+        result["verify_rank"] = verify_rank
+        text.append("\n" + verify_rank_section(verify_rank))
     if dagger:
         result["dagger"] = dagger
         text.append("\n" + dagger_section(dagger))

@@ -8,7 +8,8 @@ on that target is `chosen` (the one the test evaluation runs). The rule baseline
 for the same budgets from the same traces: `entropy` per token, and `entropy-block` per block of
 gates.traces.block_len tokens (UGSD's gate; the traces' caption cut into blocks as the loop would
 draft them while it escalates nothing). Each learned gate is saved as models/gates/<name>.pkl
-({"model", "thresholds", "threshold", "name", "verify"}).
+({"model", "thresholds", "threshold", "name", "verify"}, and "verify_rank" once the stage has chosen
+how strictly flagged tokens are judged: pipeline.verify_rank).
 """
 
 from __future__ import annotations
@@ -179,7 +180,8 @@ def gate_from_saved(saved: dict, threshold: float | dict | None = None, name: st
     thr = saved["threshold"] if threshold is None else threshold
     model = saved["model"]
     if getattr(model, "level", "block") == "token":
-        return LearnedTokenGate(model, thr, name or saved.get("name"), saved.get("verify", "alone"))
+        return LearnedTokenGate(model, thr, name or saved.get("name"), saved.get("verify", "alone"),
+                                saved.get("verify_rank"))
     return LearnedGate(model, thr, name or saved.get("name"))
 
 

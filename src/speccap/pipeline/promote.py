@@ -1,7 +1,8 @@
 """Promotion: the best learned gate on validation becomes `champion` only if it beats the current one.
 
 Candidates and the current champion are compared on the same validation clips at the same budget
-(each gate's threshold for `gates.promote_budget`): quality = BLEU-1 averaged over the languages.
+(each gate's threshold for `gates.promote_budget`, its flagged tokens judged by the R it carries
+for the language): quality = BLEU-1 averaged over the languages.
 A candidate that is the champion already (same gate file) is not re-promoted; a candidate that is
 not strictly better leaves the alias where it is. The decision and its reason are returned (and
 recorded on the model version by the flow).
@@ -16,6 +17,7 @@ from ..data.featurize import load_clip_features
 from ..data.manifest import manifest_path, read_manifest
 from ..decoding.engine import settings_from_params, speculative
 from ..decoding.link import Link
+from ..decoding.verify import rule_for_gate
 from ..metrics.caption import score_captions
 
 
@@ -36,6 +38,7 @@ def evaluate_gate(edge, cloud, gate, params: Params, clips: dict[str, list[dict]
             mel, _ = load_clip_features(params.data.processed_dir, rec["id"])
             settings = settings_from_params(gate_decode(params), params.models.max_new_tokens, params.seed)
             settings.gate = gate
+            settings.rule = rule_for_gate(settings.rule, gate, lang)  # its flagged tokens judged by its own R
             r = speculative(edge, cloud, mel, lang, settings, Link(params.link, seed=params.seed))
             caps.append(r.caption)
             rhos.append(r.metrics()["rho"])

@@ -1,0 +1,161 @@
+"""How strictly the cloud judges a token the gate flagged: R of the rank rule per language, chosen
+on validation (the `gates` stage, params gates.verify_ranks).
+
+A flagged token was chosen because the edge is likely wrong there. Under rank-R (R = decode.rank)
+the edge's token stands when it is among the cloud's top R, which can hand the word back to the
+edge exactly where it matters (on the embedded testbed: the quote's first word, where the edge's
+usual "The" is often the cloud's second choice). Greedy judgement (R = 1) replaces it instead, at
+the same escalations: the gate flags the same tokens, only the verdict differs. Whether that helps
+depends on the language and the models, so it is measured, not assumed: the chosen gate of the
+critical target (at its promote-budget thresholds) decodes the validation clips once per
+candidate R. The default R (decode.rank) stands unless another candidate is better in the mean
+of BLEU-1 and the emotion hit (the gates' two targets) by a paired difference whose 95% CI lies
+above 0; of several such, the largest gain wins.
+
+The choice goes into gates.json ("verify_rank") and into every learned gate's pickle
+("verify_rank": language -> R), so the test evaluation, the promotion and a deployed champion
+(`speccap caption|edge --gate champion`) judge flagged tokens the same way. The traces and their
+labels stay at decode.rank. Records are written per clip under data/verify_rank/ (resumable; a
+changed gate, model or setting gets new files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from pathlib import Path
+
+from ..config import Params
+from ..data.manifest import manifest_path, read_manifest
+from ..metrics.bootstrap import ClipStats, difference, interval
+from .gates import gate_dir, learned_names
+from .markdown import md_table
+from .sweep import Pool, RunConfig, config_key, models_fingerprint, run_config, summarize
+
+VERIFY_RANK_DIR = Path("data/verify_rank")
+KEY = "bleu1_emotion"  # metrics.bootstrap: mean of BLEU-1 and the emotion hit rate
+
+
+def default_rank(params: Params) -> int:
+    """The R flagged tokens are judged by unless validation says otherwise: decode's rank rule."""
+    return params.decode.rank if params.decode.rule == "rank" else 1
+
+
+def candidate_ranks(params: Params) -> list[int]:
+    """The default first, then gates.verify_ranks (each once)."""
+    return list(dict.fromkeys((default_rank(params), *params.gates.verify_ranks)))
+
+
+def rule_fields(params: Params, rank: int) -> dict:
+    """RunConfig's rule and rank for flagged tokens judged by rank-`rank`: at the default R, what
+    decode's rule gives (the same configurations, records and keys as before there was a choice)."""
+    d = params.decode
+    if rank == default_rank(params):
+        return dict(rule=d.rule, rank=d.rank if d.rule == "rank" else 0)
+    return dict(rule="rank", rank=rank)
+
+
+def rank_config(params: Params, lang: str, gate: str, threshold: float, rank: int) -> RunConfig:
+    """A token gate at `threshold`, flagged tokens judged by rank-`rank`."""
+    return RunConfig("ugsd", lang, gate, float(threshold), 0, token=params.gates.verify, **rule_fields(params, rank))
+
+
+def choose(stats: dict[int, ClipStats], default: int) -> tuple[int, dict[int, dict]]:
+    """The R to judge by, from each candidate's per-clip numbers on the same clips, and one row
+    per candidate: BLEU-1, emotion hit and their mean with CIs, and the paired difference of that
+    mean against the default's."""
+    rows = {}
+    for r, s in stats.items():
+        row = {"bleu1": interval(s, "bleu1")}
+        if "emotion_hit" in s.columns:
+            row["emotion_hit_rate"] = interval(s, "emotion_hit_rate")
+        key = KEY if "emotion_hit" in s.columns else "bleu1"
+        row["key"] = key
+        row["minus_default"] = None if r == default else difference(s, stats[default], key)
+        rows[r] = row
+    better = [r for r, row in rows.items() if row["minus_default"] and row["minus_default"]["ci_low"] > 0]
+    return max(better, key=lambda r: rows[r]["minus_default"]["value"], default=default), rows
+
+
+def validation_clips(params: Params, lang: str) -> list[dict]:
+    n = params.gates.traces.val_clips
+    return read_manifest(manifest_path(params.data.processed_dir, "val", lang))[: n or None]
+
+
+def choose_verify_rank(params: Params, params_path: str | None, gates_json: dict, out_dir: Path = VERIFY_RANK_DIR,
+                       workers: int | None = None, progress=None) -> dict:
+    """Decode the validation clips with the critical target's chosen gate once per candidate R
+    and choose R per language (module docstring). Returns what goes into gates.json."""
+    ranks, default = candidate_ranks(params), default_rank(params)
+    name = gates_json["chosen"].get("critical") or next(iter(gates_json["chosen"].values()))
+    thresholds = gates_json["gates"][name]["thresholds"][str(params.gates.promote_budget)]
+    out = {"gate": name, "budget": params.gates.promote_budget, "default": default, "candidates": ranks,
+           "chosen": {}, "validation": {}}
+    if len(ranks) == 1:
+        out["chosen"] = {lang: default for lang in params.data.languages}
+        return out
+    gate_sha = hashlib.sha256((gate_dir(params) / f"{name}.pkl").read_bytes()).hexdigest()[:12]
+    models_fp = models_fingerprint(params)
+    pool = Pool(params_path, params.sweep.workers if workers is None else workers, params.sweep.threads,
+                stage="gates")
+    try:
+        for lang in params.data.languages:
+            clips = validation_clips(params, lang)
+            if not clips:
+                raise ValueError(f"{manifest_path(params.data.processed_dir, 'val', lang)}: no validation clips to "
+                                 "choose the verification rank on")
+            ids = [c["id"] for c in clips]
+            stats, rho = {}, {}
+            for r in ranks:
+                cfg = rank_config(params, lang, name, thresholds[lang], r)
+                path = out_dir / f"{config_key(cfg, params, models_fp, ids)}-{gate_sha}.jsonl"
+                summary = summarize(cfg, run_config(cfg, clips, pool, path, progress), clips)
+                stats[r], rho[r] = ClipStats.from_json(summary["clip_stats"]), summary["rho"]
+            out["chosen"][lang], rows = choose(stats, default)
+            out["validation"][lang] = {str(r): {**row, "rho": rho[r], "clips": len(ids)} for r, row in rows.items()}
+    finally:
+        pool.close()
+    return out
+
+
+def stamp_gates(params: Params, chosen: dict[str, int]) -> None:
+    """Write the chosen R per language into every learned gate's pickle (what the registry logs and
+    a deployed champion reads back)."""
+    for name in learned_names(params):
+        path = gate_dir(params) / f"{name}.pkl"
+        with open(path, "rb") as fh:
+            saved = pickle.load(fh)
+        saved["verify_rank"] = dict(chosen)
+        with open(path, "wb") as fh:
+            pickle.dump(saved, fh)
+
+
+def total_captions(params: Params) -> int:
+    """Captions `choose_verify_rank` decodes (for a progress bar)."""
+    ranks = candidate_ranks(params)
+    if len(ranks) == 1:
+        return 0
+    return len(ranks) * sum(len(validation_clips(params, lang)) for lang in params.data.languages)
+
+
+def section(vr: dict | None) -> str:
+    """The report's paragraph and table: which R judges flagged tokens in each language, and why."""
+    if not vr or not vr.get("validation"):
+        return ""
+    rows = []
+    for lang, per in vr["validation"].items():
+        for r, row in per.items():
+            d = row["minus_default"]
+            diff = "–" if d is None else f"{d['value']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
+            emo = row.get("emotion_hit_rate")
+            rows.append([lang, r + (" (chosen)" if int(r) == vr["chosen"][lang] else ""), row["clips"],
+                         f"{row['rho']:.3f}", f"{row['bleu1']['value']:.2f}",
+                         "–" if emo is None else f"{emo['value']:.1f}", diff])
+    return ("## How flagged tokens are judged (validation, `gates` stage)\n\n"
+            f"The gate {vr['gate']} at the rho* = {vr['budget']:g} thresholds decoded the validation clips once per "
+            f"R of the rank rule; R = {vr['default']} (decode's) stands unless another R raises the mean of BLEU-1 "
+            "and emotion hit with a paired 95% CI above 0 (speccap/pipeline/verify_rank.py). Every token-level row "
+            "above (the oracle, entropy per token, the learned gates) judges flagged tokens by the chosen R of its "
+            "language; the per-block baselines by decode's rule.\n\n"
+            + md_table(["lang", "R", "clips", "rho", "BLEU-1", "emotion hit %", "mean(BLEU-1, emotion) - default's "
+                        "[95% CI]"], rows) + "\n")
