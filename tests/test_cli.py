@@ -71,3 +71,19 @@ def test_caption_refuses_damaged_and_too_short_audio_and_says_when_it_trims(tiny
     assert f"{tmp_path / 'long.wav'}: note: trimmed from 600.0 s to its first 30.0 s" in out.err
     caption = out.out.split(": ", 1)[1].split("\n")[0]
     assert caption.strip() and not CJK.search(caption)
+
+
+def test_the_champion_judges_by_its_own_rank_unless_the_command_line_says_otherwise():
+    from types import SimpleNamespace
+
+    from speccap.cli import _champion_rule
+    from speccap.decoding.gates import make_gate
+    from speccap.decoding.verify import Rank
+    gate = make_gate("entropy", 1.0).at_token_level("alone")
+    gate.verify_rank = {"en": 1, "zh": 2}
+    settings = SimpleNamespace(gate=gate, rule=Rank(2))
+    cli = dict(rank=None, rule=None)
+    assert _champion_rule(settings, SimpleNamespace(language="en", **cli)).r == 1
+    assert _champion_rule(settings, SimpleNamespace(language="zh", **cli)).r == 2
+    assert _champion_rule(settings, SimpleNamespace(language="en", rank=3, rule=None)) is settings.rule  # --rank wins
+    assert _champion_rule(settings, SimpleNamespace(language="en", rank=None, rule="rank")) is settings.rule
