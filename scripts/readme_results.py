@@ -89,10 +89,22 @@ def render() -> str:
     gates = _load("reports/gates/gates.json")
     if gates and gates.get("languages"):
         lines = [f"{lang}: {line}" for lang, r in gates["languages"].items() for line in r["targets"]["lines"]]
-        out.append("\nToken gates at budgets rho* <= 0.1 (`reports/gates/gates.md`, all test clips, 95% CIs; the "
+        clips = sorted({e["clips"] for r in gates["languages"].values() for v in r["gates"].values() for e in v})
+        out.append("\nToken gates at budgets rho* <= 0.1 (`reports/gates/gates.md`, 95% CIs; the critical-target "
+                   f"gates on all {clips[-1]} test clips, the mismatch-target ones on the first {clips[0]}; the "
                    "gates issue's targets: >= 80% of both gaps, CI lower bound above entropy's point estimates, "
                    "<= 1.05x edge-only time and <= 15% of cloud-only's cloud compute on the papers' hardware):\n\n"
                    + "\n".join(f"- {x}" for x in lines) + "\n")
+        vr = gates.get("verify_rank")
+        if vr and vr.get("validation"):
+            parts = []
+            for lang, r in vr["chosen"].items():
+                d = vr["validation"][lang].get("1" if r == vr["default"] else str(r), {}).get("minus_default")
+                other = "" if d is None else (f" (R = {r if r != vr['default'] else 1} vs {vr['default']}: "
+                                              f"{d['value']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}])")
+                parts.append(f"{lang} R = {r}{other}")
+            out.append("\nFlagged tokens are judged by rank-R with R chosen per language on validation (mean of "
+                       "BLEU-1 and emotion hit, paired 95% CI): " + "; ".join(parts) + ".\n")
         for r in gates.get("dagger", []):
             b, a = r["val_auc_before"], r["val_auc_after"]
             out.append(f"\nDAgger round {r['round']} (`reports/gates/gates.md`): {r['gate']} on the trajectories it "
