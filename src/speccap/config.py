@@ -195,6 +195,8 @@ class GatesParams:
     # token gates (gating.token_gates): classifiers x targets, trained on the on-policy traces
     kinds: tuple[str, ...] = ("logistic", "lightgbm", "mlp")
     targets: tuple[str, ...] = ("critical", "mismatch")
+    # the critical target's row weights: a critical token weighs 1 + impact_weight x its impact (0 = all 1)
+    impact_weight: float = 0.0
     verify: str = "alone"  # what goes up with a flagged token: alone | pending (decoding.gates)
     # R of the rank rule a flagged token may be judged by besides decode.rank's; chosen per language on
     # validation (pipeline.verify_rank); () = decode's rule only
@@ -463,6 +465,8 @@ def _validate(p: Params) -> None:
         v for v in (g.verify,) if v not in ("alone", "pending")]
     if bad:
         raise ConfigError(f"params keys gates.kinds / gates.targets / gates.baselines / gates.verify: unknown {bad}")
+    if g.impact_weight < 0:
+        raise ConfigError(f"params key gates.impact_weight: must be >= 0, got {g.impact_weight}")
     if any(r < 1 for r in g.verify_ranks):
         raise ConfigError(f"params key gates.verify_ranks: R of the rank rule must be >= 1, got {list(g.verify_ranks)}")
     if not g.budgets or any(not 0 < b <= 1 for b in g.budgets) or not 0 < g.promote_budget <= 1:
@@ -578,7 +582,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "report": ("decode", "link", "data.languages"),
     "traces": ("seed", "gates.traces", "decode.rank", "models.max_new_tokens", "data.languages"),
     # the link changes when the DAgger and verify-rank captions' clocks tick, not what they say: not listed
-    "gates": ("seed", "gates.kinds", "gates.targets", "gates.baselines", "gates.budgets", "gates.registry_name",
+    "gates": ("seed", "gates.kinds", "gates.targets", "gates.impact_weight", "gates.baselines", "gates.budgets", "gates.registry_name",
               "gates.verify", "gates.verify_ranks", "gates.promote_budget", "gates.traces", "gates.dagger",
               *_GATE_DECODE, "sweep.workers", "sweep.threads", "models.max_new_tokens", "data.languages",
               "tracking.experiment"),

@@ -38,6 +38,35 @@ def test_each_classifier_learns_from_the_hidden_state(kind):
     np.testing.assert_allclose(model.token_scores(xv[:1]), model.token_scores(xv)[:1], rtol=1e-5)
 
 
+@pytest.mark.parametrize("kind", TOKEN_KINDS)
+def test_sample_weights_steer_the_gate_toward_the_heavy_positives(kind):
+    # two kinds of critical token: those the hidden state's dimension 0 marks and those dimension 2
+    # marks; weighting the second kind up must rank it above the first
+    x, _ = _data(4000, 0)
+    h = x[:, len(TOKEN_SCALARS) + 1:]
+    first, second = h[:, 0] > 1.5, h[:, 2] > 1.5
+    labels = pd.DataFrame({"critical": first | second, "mismatch": first | second, "clip_id": np.arange(4000) // 20})
+    xv, _ = _data(2000, 1)
+    hv = xv[:, len(TOKEN_SCALARS) + 1:]
+    only_first, only_second = (hv[:, 0] > 1.5) & (hv[:, 2] < 1.5), (hv[:, 2] > 1.5) & (hv[:, 0] < 1.5)
+    w = np.where(second & ~first, 20.0, 1.0)
+    weighted = fit_token_gate(x, labels, kind, "critical", DIM, EOS, sample_weight=w).token_scores(xv)
+    plain = fit_token_gate(x, labels, kind, "critical", DIM, EOS).token_scores(xv)
+    from scipy.stats import rankdata
+    def gain(scores):  # how far above the first kind the second ranks (in shares of the rows)
+        pct = rankdata(scores) / len(scores)
+        return pct[only_second].mean() - pct[only_first].mean()
+    assert gain(weighted) > gain(plain) + 0.02
+    with pytest.raises(ValueError, match="sample weights"):
+        fit_token_gate(x, labels, kind, "critical", DIM, EOS, sample_weight=w[:-1])
+
+
+def test_impact_weights_weigh_critical_tokens_by_their_impact():
+    from speccap.gating.token_gates import impact_weights
+    labels = pd.DataFrame({"critical": [True, True, False, False], "impact": [10.0, 2.0, 30.0, -5.0]})
+    np.testing.assert_allclose(impact_weights(labels, 0.2), [3.0, 1.4, 1.0, 1.0])
+
+
 def test_one_class_traces_are_a_clear_error():
     x, labels = _data(200, 0)
     labels["critical"] = False

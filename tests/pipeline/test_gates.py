@@ -53,3 +53,19 @@ def test_missing_gates_json_names_the_file_and_the_stage(tmp_path):
     p = params_from_dict({"models": {"dir": str(tmp_path)}})
     with pytest.raises(FileNotFoundError, match=r"gates\.json.*dvc repro gates"):
         read_gates_json(p)
+
+
+def test_impact_weight_changes_the_critical_gates_only(tmp_path):
+    import numpy as np
+
+    from speccap.pipeline.traces import features_of
+    train, val = shadow_table(0), shadow_table(1)
+    train["impact"] = np.where(train["critical"], np.arange(len(train)) % 40, 0.0)  # from 0 to 39 points
+    scores = {}
+    for w in (0.0, 0.5):
+        p = params_from_dict({"models": {"dir": str(tmp_path / str(w))}, "gates": {"kinds": ["lightgbm"],
+                                                                                  "impact_weight": w}})
+        train_gates(p, train, val)
+        scores[w] = {n: load_gate(p, n).model.token_scores(features_of(val)) for n in learned_names(p)}
+    assert not np.allclose(scores[0.0]["tok-lightgbm-critical"], scores[0.5]["tok-lightgbm-critical"])
+    np.testing.assert_array_equal(scores[0.0]["tok-lightgbm-mismatch"], scores[0.5]["tok-lightgbm-mismatch"])

@@ -40,7 +40,8 @@ class _MLP:
         return torch.nn.Sequential(torch.nn.Linear(d, self.hidden), torch.nn.ReLU(), torch.nn.Dropout(0.2),
                                    torch.nn.Linear(self.hidden, 1))
 
-    def fit(self, x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None):
+    def fit(self, x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None,
+            sample_weight: np.ndarray | None = None):
         import torch
         torch.manual_seed(self.seed)
         rng = np.random.default_rng(self.seed)
@@ -54,9 +55,15 @@ class _MLP:
             held = np.zeros(len(y), bool)
         xt, yt = torch.from_numpy(xs[~held]).float(), torch.from_numpy(y[~held].astype(np.float32))
         xv, yv = torch.from_numpy(xs[held]).float(), torch.from_numpy(y[held].astype(np.float32))
+        w = np.ones(len(y), np.float32) if sample_weight is None else np.asarray(sample_weight, np.float32)
+        wt, wv = torch.from_numpy(w[~held]), torch.from_numpy(w[held])
         net = self._net(x.shape[1])
         pos = float(yt.sum())
-        loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(max(len(yt) - pos, 1.0) / max(pos, 1.0)))
+        bce = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(max(len(yt) - pos, 1.0) / max(pos, 1.0)),
+                                         reduction="none")
+
+        def loss_fn(logits, target, weight):
+            return (bce(logits, target) * weight).sum() / weight.sum()
         opt = torch.optim.Adam(net.parameters(), lr=self.lr, weight_decay=1e-4)
         best, best_state, bad = np.inf, None, 0
         for _ in range(self.epochs):
@@ -65,13 +72,13 @@ class _MLP:
             for k in range(0, len(perm), 256):
                 idx = perm[k:k + 256]
                 opt.zero_grad()
-                loss_fn(net(xt[idx]).squeeze(-1), yt[idx]).backward()
+                loss_fn(net(xt[idx]).squeeze(-1), yt[idx], wt[idx]).backward()
                 opt.step()
             if not len(yv):
                 continue
             net.eval()
             with torch.no_grad():
-                val = float(loss_fn(net(xv).squeeze(-1), yv))
+                val = float(loss_fn(net(xv).squeeze(-1), yv, wv))
             if val < best - 1e-4:
                 best, best_state, bad = val, {k: v.clone() for k, v in net.state_dict().items()}, 0
             else:
@@ -143,22 +150,35 @@ class TokenGateModel:
 
 
 def fit_token_gate(x: np.ndarray, labels: pd.DataFrame, kind: str, target: str, dim: int, eos: int,
-                   seed: int = 0) -> TokenGateModel:
-    """Fit on trace rows: `x` from token_rows, `labels` the per-token label table (gating.shadow)."""
+                   seed: int = 0, sample_weight: np.ndarray | None = None) -> TokenGateModel:
+    """Fit on trace rows: `x` from token_rows, `labels` the per-token label table (gating.shadow).
+    `sample_weight`: one weight per row (e.g. `impact_weights`)."""
     if target not in TOKEN_TARGETS:
         raise ValueError(f"unknown token gate target {target!r} (expected one of {TOKEN_TARGETS})")
     y = labels[target].to_numpy(bool)
     if y.all() or not y.any():
         raise ValueError(f"the traces hold {len(y)} tokens with {int(y.sum())} {target} ones: need both classes")
+    if sample_weight is not None and len(sample_weight) != len(y):
+        raise ValueError(f"sample weights: {len(sample_weight)} for {len(y)} rows")
     model = TokenGateModel(kind, target, dim, eos, _classifier(kind, seed))
     model.meta = {"train_tokens": int(len(y)), f"train_{target}_rate": float(y.mean())}
     if kind == "lightgbm":  # the token id column as a category (by index: ids have no order)
-        model.clf.fit(x, y, categorical_feature=[len(TOKEN_SCALARS)])
+        model.clf.fit(x, y, sample_weight=sample_weight, categorical_feature=[len(TOKEN_SCALARS)])
     elif kind == "mlp":
-        model.clf.fit(model._inputs(x), y, groups=labels["clip_id"].to_numpy() if "clip_id" in labels else None)
+        model.clf.fit(model._inputs(x), y, groups=labels["clip_id"].to_numpy() if "clip_id" in labels else None,
+                      sample_weight=sample_weight)
     else:
-        model.clf.fit(model._inputs(x), y)
+        model.clf.fit(model._inputs(x), y, logisticregression__sample_weight=sample_weight)
     return model
+
+
+def impact_weights(labels: pd.DataFrame, weight: float) -> np.ndarray:
+    """Row weights for the `critical` target: a critical token weighs 1 + `weight` x its impact (the
+    quality points correcting it gains), every other token 1. A budget of flags is then spent on
+    the tokens that carry the gap (the quote's first word, the emotion word: tens of points) before
+    those that pass the critical margin by little."""
+    impact = np.clip(labels["impact"].to_numpy(float), 0.0, None)
+    return np.where(labels["critical"].to_numpy(bool), 1.0 + weight * impact, 1.0)
 
 
 def threshold_for_share(scores: np.ndarray, rho: float) -> float:

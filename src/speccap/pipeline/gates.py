@@ -1,6 +1,7 @@
 """Training the token gates on the on-policy traces (the `gates` stage) and loading them for decoding.
 
-For every (classifier, target) of params.gates: fit on the train traces; on the validation traces
+For every (classifier, target) of params.gates: fit on the train traces (the critical target with
+each critical token weighted by its impact, gates.impact_weight); on the validation traces
 measure how well it ranks mismatches and critical mismatches (ROC AUC), draw its calibration,
 list its feature importances, and pick each language's threshold for every budget rho* (the
 share of validation tokens it flags). Per target the classifier with the best validation AUC
@@ -24,7 +25,8 @@ import pandas as pd
 from ..config import Params
 from ..gating.features import TOKEN_SCALARS
 from ..gating.learned import LearnedGate, rule_token_scores, threshold_for_budget
-from ..gating.token_gates import LearnedTokenGate, TokenGateModel, fit_token_gate, threshold_for_share
+from ..gating.token_gates import (LearnedTokenGate, TokenGateModel, fit_token_gate, impact_weights,
+                                  threshold_for_share)
 from .traces import features_of
 
 BLOCK_SUFFIX = "-block"
@@ -103,8 +105,9 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
     curves = {}
     for name in learned_names(params):
         _, kind, target = name.split("-", 2)
+        weights = impact_weights(train, g.impact_weight) if target == "critical" and g.impact_weight else None
         try:
-            model = fit_token_gate(x_train, train, kind, target, dim, eos, params.seed)
+            model = fit_token_gate(x_train, train, kind, target, dim, eos, params.seed, sample_weight=weights)
         except ValueError as exc:  # say where the traces are and what would give more of them
             raise ValueError(f"data/traces/train.parquet cannot train gate {name}: {exc} (trace more clips: "
                              "params gates.traces.train_clips, then dvc repro traces)") from exc

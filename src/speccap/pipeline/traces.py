@@ -116,6 +116,14 @@ def _frame(rec: dict) -> pd.DataFrame:
     return df
 
 
+def clip_table(rec: dict, language: str) -> pd.DataFrame:
+    """One traced clip's rows, with its clip id and language in front (the stage's table layout)."""
+    df = _frame(rec)
+    df.insert(0, "clip_id", rec["id"])
+    df.insert(1, "language", language)
+    return df
+
+
 def features_of(df: pd.DataFrame) -> np.ndarray:
     """The feature matrix of a shadow trace table (columns x0.., in order)."""
     n = sum(1 for c in df.columns if c.startswith("x") and c[1:].isdigit())
@@ -174,12 +182,7 @@ def collect(params: Params, pool: sweep.Pool, out_dir: Path = TRACE_DIR, progres
                         done[rec["id"]] = rec
                     if progress is not None:
                         progress()
-            for c in clips:
-                if c["id"] in done:
-                    df = _frame(done[c["id"]])
-                    df.insert(0, "clip_id", c["id"])
-                    df.insert(1, "language", lang)
-                    frames.append(df)
+            frames += [clip_table(done[c["id"]], lang) for c in clips if c["id"] in done]
         tables[split] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if errors:
         raise RuntimeError(f"{len(errors)} clip(s) could not be traced (the others are kept); first: "
