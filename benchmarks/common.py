@@ -17,11 +17,17 @@ def mean(xs) -> float:
     return statistics.fmean(xs) if xs else 0.0
 
 
-def models_and_test_clips(params: Params, n_clips: int | None, threads: int):
-    """(edge, cloud, [(manifest record, language, log-mel)]): the first `n_clips` test clips per language."""
+def load_models(params: Params, threads: int):
+    """(edge, cloud), sharing one vocabulary, at `threads` torch threads."""
     torch.set_num_threads(threads)
     edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
     shared_vocab(edge, cloud)
+    return edge, cloud
+
+
+def models_and_test_clips(params: Params, n_clips: int | None, threads: int):
+    """(edge, cloud, [(manifest record, language, log-mel)]): the first `n_clips` test clips per language."""
+    edge, cloud = load_models(params, threads)
     clips = []
     for lang in params.data.languages:
         for rec in read_manifest(manifest_path(params.data.processed_dir, "test", lang))[:n_clips]:

@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gate_verify_rank import KEYS, _read, clip_stats, rho  # noqa: E402
+from common import load_models  # noqa: E402
+from gate_common import KEYS, clip_stats, gate_eval_run, read_gates, read_records, references, rho  # noqa: E402
 
 from speccap.config import gate_decode, load_params  # noqa: E402
 from speccap.gating.features import TOKEN_SCALARS  # noqa: E402
@@ -74,10 +75,7 @@ def main() -> None:
     ap.add_argument("--out", default="reports")
     args = ap.parse_args()
     params = load_params(args.params)
-    gates_path = Path("models/gates/gates.json")
-    if not gates_path.exists():
-        raise SystemExit(f"{gates_path}: not found; run `dvc repro gate_eval` here first")
-    gates = json.loads(gates_path.read_text())
+    gates = read_gates()
     name = gates["chosen"]["critical"]
     with open(Path("models/gates") / f"{name}.pkl", "rb") as fh:
         stage_model = pickle.load(fh)["model"]
@@ -89,33 +87,24 @@ def main() -> None:
     scores = model.token_scores(xv)
     ranks = gates.get("verify_rank", {}).get("chosen", {})
 
-    import torch
-
     from speccap.data.featurize import load_clip_features
     from speccap.decoding.engine import settings_from_params, speculative
     from speccap.decoding.link import Link
-    from speccap.models.base import shared_vocab
-    from speccap.models.loading import load_role
-    torch.set_num_threads(params.sweep.threads)
-    edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
-    shared_vocab(edge, cloud)
+    edge, cloud = load_models(params, params.sweep.threads)
     rows, runs = [], Path(args.out) / "gate_impact_weight"
     runs.mkdir(parents=True, exist_ok=True)
     for lang in params.data.languages:
         clips = eval_clips(params, lang)[: params.gates.eval_clips or None]
-        refs = {m: next(Path("reports/runs").glob(f"{m}-{lang}-*.jsonl"), None) for m in ("edge", "cloud")}
-        if None in refs.values():
-            raise SystemExit(f"reports/runs: no edge-only or cloud-only {lang} records (run `dvc repro decode`)")
-        e_s, c_s = (clip_stats(_read(f), clips, lang, f) for f in refs.values())
+        e_s, c_s = references(params, lang, clips)
         r = ranks.get(lang, default_rank(params))
         mask = (val["language"] == lang).to_numpy()
         for budget in params.gates.budgets:
             t_stage = gates["gates"][name]["thresholds"][str(budget)][lang]
             cfg = rank_config(params, lang, name, t_stage, r)
-            found = sorted(Path("reports/gate_runs").glob(f"{cfg.name}-*.jsonl"))
-            if not found:
+            found = gate_eval_run(cfg.name)
+            if found is None:
                 raise SystemExit(f"reports/gate_runs: no run of {cfg.name} (run `dvc repro gate_eval` first)")
-            stage = _read(found[0])
+            stage = read_records(found)
             t = threshold_for_share(scores[mask], budget)
             gate = LearnedTokenGate(model, {lang: t}, f"{name}-w{args.weight:g}", params.gates.verify)
             decode = dataclasses.replace(gate_decode(params), rule="rank", rank=r)
@@ -129,7 +118,7 @@ def main() -> None:
                     rec = speculative(edge, cloud, mel, lang, settings, Link(params.link, seed=params.seed))
                     refit.append({"id": c["id"], "caption": rec.caption, **rec.metrics()})
                     fh.write(json.dumps(refit[-1], ensure_ascii=False) + "\n")
-            s_stage, s_refit = clip_stats(stage, clips, lang, found[0]), clip_stats(refit, clips, lang, path)
+            s_stage, s_refit = clip_stats(stage, clips, lang, found), clip_stats(refit, clips, lang, path)
             row = {"language": lang, "budget": budget, "rank": r, "clips": len(clips), "rho_stage": rho(stage),
                    "rho_refit": rho(refit)}
             for key, _ in KEYS:

@@ -25,33 +25,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gate_common import KEYS, clip_stats, gate_eval_run, read_gates, read_records, references, rho  # noqa: E402
 
 from speccap.config import load_params  # noqa: E402
-from speccap.metrics.bootstrap import ClipStats, difference, gap_closed  # noqa: E402
-from speccap.metrics.caption import score_captions  # noqa: E402
+from speccap.metrics.bootstrap import difference, gap_closed  # noqa: E402
 from speccap.pipeline.sweep import Pool, eval_clips, run_config  # noqa: E402
 from speccap.pipeline.verify_rank import rank_config  # noqa: E402
-
-KEYS = (("bleu1", "BLEU-1"), ("emotion_hit_rate", "emotion hit"))
-
-
-def clip_stats(records: list[dict], clips: list[dict], language: str, source: Path) -> ClipStats:
-    by_id = {r["id"]: r for r in records}
-    missing = [c["id"] for c in clips if c["id"] not in by_id]
-    if missing:
-        raise SystemExit(f"{source}: no caption of {len(missing)} evaluation clip(s), e.g. {missing[0]} "
-                         f"(run `dvc repro gate_eval` with the current params)")
-    s = score_captions([by_id[c["id"]]["caption"] for c in clips], [c["references"] for c in clips], language,
-                       [c.get("emotion") for c in clips])
-    return ClipStats.from_records([c["id"] for c in clips], s.per_caption)
-
-
-def rho(records: list[dict]) -> float:
-    return sum(r["transmitted"] for r in records) / max(sum(r["drafted"] for r in records), 1)
-
-
-def _read(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
 
 
 def main() -> None:
@@ -60,10 +41,7 @@ def main() -> None:
     ap.add_argument("--out", default="reports")
     args = ap.parse_args()
     params = load_params(args.params)
-    gates_path = Path("models/gates/gates.json")
-    if not gates_path.exists():
-        raise SystemExit(f"{gates_path}: not found; run `dvc repro gate_eval` here first")
-    gates = json.loads(gates_path.read_text())
+    gates = read_gates()
     name = gates["chosen"]["critical"]
     verify = gates.get("verify", "alone")
     runs_dir = Path(args.out) / "gate_verify_rank"
@@ -72,18 +50,15 @@ def main() -> None:
     try:
         for lang in params.data.languages:
             clips = eval_clips(params, lang)[: params.gates.eval_clips or None]
-            refs = {m: next(Path("reports/runs").glob(f"{m}-{lang}-*.jsonl"), None) for m in ("edge", "cloud")}
-            if None in refs.values():
-                raise SystemExit(f"reports/runs: no edge-only or cloud-only {lang} records (run `dvc repro decode`)")
-            edge, cloud = (clip_stats(_read(f), clips, lang, f) for f in refs.values())
+            edge, cloud = references(params, lang, clips)
             for budget, per_lang in sorted(gates["gates"][name]["thresholds"].items()):
                 t = per_lang[lang]
                 recs, paths = {}, {}
                 for r in (params.decode.rank, 1):  # the gate evaluation's run where it judged by this R
                     cfg = rank_config(params, lang, name, t, r)
-                    found = sorted(Path("reports/gate_runs").glob(f"{cfg.name}-*.jsonl"))
-                    paths[r] = found[0] if found else runs_dir / f"{cfg.name}.jsonl"
-                    recs[r] = _read(found[0]) if found else run_config(cfg, clips, pool, paths[r])
+                    found = gate_eval_run(cfg.name)
+                    paths[r] = found or runs_dir / f"{cfg.name}.jsonl"
+                    recs[r] = read_records(found) if found else run_config(cfg, clips, pool, paths[r])
                 ranked_recs, greedy_recs = recs[params.decode.rank], recs[1]
                 ranked_path, greedy_path = paths[params.decode.rank], paths[1]
                 s_rank = clip_stats(ranked_recs, clips, lang, ranked_path)

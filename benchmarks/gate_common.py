@@ -1,0 +1,55 @@
+"""What the gate benchmarks share: the gate evaluation's outputs read back (gates.json, its runs,
+the decode stage's edge-only and cloud-only records) and scored per clip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from speccap.config import Params
+from speccap.metrics.bootstrap import ClipStats
+from speccap.metrics.caption import score_captions
+
+KEYS = (("bleu1", "BLEU-1"), ("emotion_hit_rate", "emotion hit"))
+GATES_JSON = Path("models/gates/gates.json")
+
+
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def clip_stats(records: list[dict], clips: list[dict], language: str, source: Path) -> ClipStats:
+    by_id = {r["id"]: r for r in records}
+    missing = [c["id"] for c in clips if c["id"] not in by_id]
+    if missing:
+        raise SystemExit(f"{source}: no caption of {len(missing)} evaluation clip(s), e.g. {missing[0]} "
+                         f"(run `dvc repro gate_eval` with the current params)")
+    s = score_captions([by_id[c["id"]]["caption"] for c in clips], [c["references"] for c in clips], language,
+                       [c.get("emotion") for c in clips])
+    return ClipStats.from_records([c["id"] for c in clips], s.per_caption)
+
+
+def rho(records: list[dict]) -> float:
+    return sum(r["transmitted"] for r in records) / max(sum(r["drafted"] for r in records), 1)
+
+
+def read_gates() -> dict:
+    """The gates stage's gates.json (thresholds, the chosen gates, the verify rank)."""
+    if not GATES_JSON.exists():
+        raise SystemExit(f"{GATES_JSON}: not found; run `dvc repro gate_eval` here first")
+    return json.loads(GATES_JSON.read_text())
+
+
+def references(params: Params, lang: str, clips: list[dict]) -> tuple[ClipStats, ClipStats]:
+    """Edge-only and cloud-only on `clips`, from the decode stage's records."""
+    refs = {m: next(Path(params.sweep.runs_dir).glob(f"{m}-{lang}-*.jsonl"), None) for m in ("edge", "cloud")}
+    if None in refs.values():
+        raise SystemExit(f"{params.sweep.runs_dir}: no edge-only or cloud-only {lang} records (run `dvc repro decode`)")
+    edge, cloud = (clip_stats(read_records(f), clips, lang, f) for f in refs.values())
+    return edge, cloud
+
+
+def gate_eval_run(name: str) -> Path | None:
+    """The gate evaluation's records of the configuration named `name` (RunConfig.name), if it ran."""
+    found = sorted(Path("reports/gate_runs").glob(f"{name}-*.jsonl"))
+    return found[0] if found else None
