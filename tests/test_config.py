@@ -99,6 +99,8 @@ def test_wisv_settings_are_checked_and_named():
         params_from_dict({"wisv": {"protocol": "both"}})
     with pytest.raises(ConfigError, match="wisv.tau"):
         params_from_dict({"wisv": {"tau": 2.0}})
+    with pytest.raises(ConfigError, match="wisv.critical_weight"):
+        params_from_dict({"wisv": {"critical_weight": -1.0}})
     with pytest.raises(ConfigError, match="wisv.channels.slow"):
         params_from_dict({"wisv": {"channels": {"slow": {"uplink_mbps": 0.0}}}})
     with pytest.raises(ConfigError, match="wisv.channels.slow.rtt"):

@@ -279,6 +279,10 @@ class WisvParams:
     scalars: bool = True  # the head also reads the cloud's scalars about the token (gating.wisv.CLOUD_SCALARS)
     weight_decay: float = 0.01
     patience: int = 30  # epochs without a better held-out loss before training stops (0 = no early stopping)
+    # > 0: a factored head (gating.wisv.DecisionHead): a criticality score of the token that also learns
+    # the raw critical flags (this weight on that loss) plus a linear channel term; 0 = one network
+    # that reads the CSI beside the token and learns the relabeled target only
+    critical_weight: float = 1.0
     tau: float = 0.5  # tolerate a mismatch when P(reject) < tau
     protocol: str = "auto"  # full | selective | auto (per round, on the link model)
     registry_name: str = "speccap-wisv-head"
@@ -483,8 +487,9 @@ def _validate(p: Params) -> None:
     if not 0 <= w.tau <= 1 or not 0 <= w.budget_min <= w.budget_max <= 1 or not 0 <= w.kappa < 1:
         raise ConfigError("params keys wisv.tau (in [0, 1]), wisv.budget_min <= wisv.budget_max (in [0, 1]), "
                           "wisv.kappa (in [0, 1))")
-    if w.rank < 0 or w.patience < 0 or w.weight_decay < 0:
-        raise ConfigError("params keys wisv.rank, wisv.patience, wisv.weight_decay must be >= 0")
+    if w.rank < 0 or w.patience < 0 or w.weight_decay < 0 or w.critical_weight < 0:
+        raise ConfigError("params keys wisv.rank, wisv.patience, wisv.weight_decay, wisv.critical_weight "
+                          "must be >= 0")
     if w.csi_draws < 1 or w.hidden < 1 or w.epochs < 1 or not w.block_lens or min(w.block_lens) < 1 \
             or w.traces.block_len < 1 or not w.channels:
         raise ConfigError("params keys wisv.csi_draws, wisv.hidden, wisv.epochs, wisv.block_lens, "

@@ -51,6 +51,10 @@ def test_wisv_chain_end_to_end(own_project, tmp_path):
     from speccap.gating.wisv import load_head
     head = load_head(tmp_path / "models/wisv/head.pt")
     assert head.rank == report["rank"] > 0 and head.d_scalar == 4
+    # the repository's default: a factored head, its criticality score measured on the raw flags,
+    # beside the ceiling of the relabeled targets
+    assert head.factored and report["factored"] == (params.wisv.critical_weight > 0)
+    assert 0.5 <= report["val_auc_ceiling"] <= 1 and report["val_auc_critical"] is not None
     with torch.no_grad():
         direct = head(*(torch.tensor(rows[[c for c in rows.columns if c.startswith(p) and c[len(p):].isdigit()]].values)
                         for p in ("e", "c", "csi", "s"))).numpy()

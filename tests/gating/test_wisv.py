@@ -108,6 +108,44 @@ def test_low_rank_head_reads_the_scalars_and_stops_early_on_held_out_captions():
     assert idle.history["epochs_run"] < 400 and idle.history["best_epoch"] < idle.history["epochs_run"]
 
 
+def test_factored_head_learns_criticality_from_the_raw_flags_and_the_channel_apart():
+    """Labels as the relabeling makes them: a critical mismatch (one hidden direction) is repaired
+    on a good channel and, on a poor one, only when a random draw keeps it. The factored head's
+    criticality score ranks the raw flags; its network never sees the channel."""
+    from sklearn.metrics import roc_auc_score
+    rng = np.random.default_rng(3)
+    n, d = 1600, 12
+    h_edge, h_cloud = rng.standard_normal((n, d)), rng.standard_normal((n, d))
+    csis = draw_csi(rng, n)
+    csi = np.stack([c.vector() for c in csis])
+    quality = np.array([channel_quality(c) for c in csis])
+    critical = (h_edge[:, 2] + 0.5 * h_cloud[:, 7] > 0.3).astype(int)
+    labels = critical * (rng.random(n) < np.array([repair_budget(q) for q in quality]))
+    groups = np.repeat(np.arange(n // 4), 4)
+    tr, te = slice(0, 1200), slice(1200, n)
+    opts = dict(epochs=300, lr=1e-2, hidden=16, rank=4, weight_decay=1e-3, groups=groups[tr], patience=25)
+    head = train_head(h_edge[tr], h_cloud[tr], csi[tr], labels[tr], critical=critical[tr], critical_weight=1.0,
+                      **opts)
+    plain = train_head(h_edge[tr], h_cloud[tr], csi[tr], labels[tr], **opts)
+    assert head.factored and not plain.factored and head.channel.weight.shape == (1, 4)
+    x = [torch.tensor(a[te], dtype=torch.float32) for a in (h_edge, h_cloud, csi)]
+    with torch.no_grad():
+        crit, p = head.criticality(*x).numpy(), head(*x).numpy()
+        # the criticality score does not move with the channel; P(reject) does
+        other = torch.tensor(np.stack([c.vector() for c in draw_csi(rng, n - 1200)]), dtype=torch.float32)
+        assert torch.equal(head.criticality(x[0], x[1], other), head.criticality(*x))
+        assert not torch.allclose(head(x[0], x[1], other), head(*x))
+        p_plain = plain(*x).numpy()
+    assert roc_auc_score(critical[te], crit) > 0.9
+    assert roc_auc_score(critical[te], crit) > roc_auc_score(critical[te], p_plain)
+    assert roc_auc_score(labels[te], p) > 0.75
+    # unfactored, criticality is the decision itself
+    with torch.no_grad():
+        assert torch.equal(plain.criticality(*x), plain(*x))
+    with pytest.raises(ValueError, match="raw critical flag"):
+        train_head(h_edge[tr], h_cloud[tr], csi[tr], labels[tr], critical_weight=1.0)
+
+
 def test_head_dataset_relabels_each_episode_under_several_channels():
     import pandas as pd
 
@@ -145,6 +183,11 @@ def test_saved_head_loads_back_and_bad_files_are_named(tmp_path):
     x4 = x + [torch.randn(5, 4)]
     assert (back.rank, back.d_scalar) == (3, 4) and torch.equal(low(*x4), back(*x4))
     assert torch.equal(back.edge_mean, low.edge_mean) and not torch.all(back.edge_mean == 0)
+    # a factored head keeps its channel term
+    fac = DecisionHead(6, 10, hidden=16, rank=3, factored=True).eval()
+    save_head(fac, tmp_path / "wisv/fac.pt", {"tau": 0.5})
+    back = load_head(tmp_path / "wisv/fac.pt")
+    assert back.factored and torch.equal(fac(*x), back(*x)) and torch.equal(fac.channel.weight, back.channel.weight)
     assert '"tau": 0.4' in (tmp_path / "wisv/head.json").read_text()
     with pytest.raises(FileNotFoundError, match="wisv_head"):
         load_head(tmp_path / "missing.pt")

@@ -137,18 +137,28 @@ class DecisionHead(nn.Module):
     `rank` > 0: each hidden state goes through a learned projection to `rank` dimensions first, so
     a few thousand judged mismatches train a few thousand weights instead of tens of thousands
     (the raw concatenation, `rank` 0, learned its training traces and nothing else). Inputs are
-    standardized with the training rows' means and spreads (kept as buffers, saved with the head)."""
+    standardized with the training rows' means and spreads (kept as buffers, saved with the head).
+
+    `factored`: the two questions the relabeled target mixes are asked apart. The network reads
+    the token only (states and scalars, not the channel) and gives a criticality logit z, which
+    train_head fits to the raw critical labels too; the channel adds a learned linear term, so
+    P(reject) = sigmoid(z + w . CSI + b): a CSI-dependent threshold on one criticality score, the
+    form of the relabeling's own rule (repair where the importance exceeds lambda(CSI)). Without
+    it the network reads the CSI beside the token and learns only the relabeled target, where a
+    third of the critical mismatches are labeled tolerable by the channel's draw."""
 
     def __init__(self, d_edge: int, d_cloud: int, d_csi: int = 4, hidden: int = 64, dropout: float = 0.1,
-                 rank: int = 0, d_scalar: int = 0):
+                 rank: int = 0, d_scalar: int = 0, factored: bool = False):
         super().__init__()
         self.dims = (d_edge, d_cloud, d_csi)
-        self.rank, self.d_scalar = rank, d_scalar
+        self.rank, self.d_scalar, self.factored = rank, d_scalar, factored
         if rank:
             self.proj_edge = nn.Linear(d_edge, rank, bias=False)
             self.proj_cloud = nn.Linear(d_cloud, rank, bias=False)
-        d_in = (2 * rank if rank else d_edge + d_cloud) + d_csi + d_scalar
+        d_in = (2 * rank if rank else d_edge + d_cloud) + (0 if factored else d_csi) + d_scalar
         self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1))
+        if factored:
+            self.channel = nn.Linear(d_csi, 1)
         for name, d in (("edge", d_edge), ("cloud", d_cloud), ("scalar", d_scalar)):
             self.register_buffer(f"{name}_mean", torch.zeros(d))
             self.register_buffer(f"{name}_std", torch.ones(d))
@@ -161,11 +171,12 @@ class DecisionHead(nn.Module):
 
     def inputs(self, h_edge: torch.Tensor, h_cloud: torch.Tensor, csi: torch.Tensor,
                scalars: torch.Tensor | None = None) -> torch.Tensor:
+        """The network's input row: the (projected) states, the CSI unless factored, the scalars."""
         he = (h_edge - self.edge_mean) / self.edge_std
         hc = (h_cloud - self.cloud_mean) / self.cloud_std
         if self.rank:
             he, hc = self.proj_edge(he), self.proj_cloud(hc)
-        parts = [he, hc, csi]
+        parts = [he, hc] if self.factored else [he, hc, csi]
         if self.d_scalar:
             if scalars is None:
                 raise ValueError(f"this WISV head also reads the cloud's {self.d_scalar} scalars about each token "
@@ -173,12 +184,22 @@ class DecisionHead(nn.Module):
             parts.append((scalars - self.scalar_mean) / self.scalar_std)
         return torch.cat(parts, dim=-1)
 
+    def both_logits(self, h_edge: torch.Tensor, h_cloud: torch.Tensor, csi: torch.Tensor,
+                    scalars: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(decision logit, criticality logit). Unfactored, the two are one: the network's output."""
+        z = self.net(self.inputs(h_edge, h_cloud, csi, scalars)).squeeze(-1)
+        if not self.factored:
+            return z, z
+        return z + self.channel(csi).squeeze(-1), z
+
     def forward(self, h_edge: torch.Tensor, h_cloud: torch.Tensor, csi: torch.Tensor,
                 scalars: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.sigmoid(self.net(self.inputs(h_edge, h_cloud, csi, scalars))).squeeze(-1)
+        return torch.sigmoid(self.both_logits(h_edge, h_cloud, csi, scalars)[0])
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x).squeeze(-1)
+    def criticality(self, h_edge: torch.Tensor, h_cloud: torch.Tensor, csi: torch.Tensor,
+                    scalars: torch.Tensor | None = None) -> torch.Tensor:
+        """P(critical) of a factored head (the channel left out); an unfactored head's P(reject)."""
+        return torch.sigmoid(self.both_logits(h_edge, h_cloud, csi, scalars)[1])
 
 
 def _held_out(groups: np.ndarray | None, n: int, seed: int, share: float = 0.15) -> np.ndarray:
@@ -196,13 +217,22 @@ def _held_out(groups: np.ndarray | None, n: int, seed: int, share: float = 0.15)
 def train_head(h_edge: np.ndarray, h_cloud: np.ndarray, csi: np.ndarray, labels: np.ndarray, epochs: int = 200,
                lr: float = 1e-2, hidden: int = 64, seed: int = 0, dropout: float = 0.1, scalars: np.ndarray | None = None,
                rank: int = 0, weight_decay: float = 0.0, groups: np.ndarray | None = None,
-               patience: int = 0) -> DecisionHead:
+               patience: int = 0, critical: np.ndarray | None = None, critical_weight: float = 0.0) -> DecisionHead:
     """BCE with class balancing (positives weighted by negatives / positives), full batch, AdamW.
     With `groups` (a caption id per row) and `patience` > 0: early stopping on the rows of 15% of
     the captions, held out of training: the weights of the epoch with the lowest held-out loss are
-    kept, and training stops `patience` epochs after it. `head.history` says what happened."""
+    kept, and training stops `patience` epochs after it. `head.history` says what happened.
+
+    `critical_weight` > 0 (with `critical`, the raw critical flag of each row) trains a factored
+    head (DecisionHead.factored): its criticality logit also learns the raw flags, with this weight
+    on that loss beside the relabeled target's."""
     torch.manual_seed(seed)
     y_all = np.asarray(labels, dtype=np.float32)
+    factored = critical_weight > 0
+    if factored:
+        if critical is None or len(critical) != len(y_all):
+            raise ValueError("a factored head (critical_weight > 0) needs the raw critical flag of every row")
+        c_all = np.asarray(critical, dtype=np.float32)
     held = _held_out(groups, len(y_all), seed) if patience > 0 else np.zeros(len(y_all), bool)
     if held.all() or not y_all[~held].any() or y_all[~held].all():
         held = np.zeros(len(y_all), bool)
@@ -211,28 +241,39 @@ def train_head(h_edge: np.ndarray, h_cloud: np.ndarray, csi: np.ndarray, labels:
     if pos == 0 or pos == fit.sum():
         raise ValueError("the head needs both repaired and tolerated mismatches to learn from")
     head = DecisionHead(h_edge.shape[1], h_cloud.shape[1], csi.shape[1], hidden, dropout, rank,
-                        0 if scalars is None else scalars.shape[1])
+                        0 if scalars is None else scalars.shape[1], factored)
     head.standardize_with(h_edge[fit], h_cloud[fit], None if scalars is None else scalars[fit])
 
     def tensors(mask):
         t = [torch.from_numpy(np.ascontiguousarray(a[mask], dtype=np.float32)) for a in (h_edge, h_cloud, csi)]
         t.append(None if scalars is None else torch.from_numpy(np.ascontiguousarray(scalars[mask], dtype=np.float32)))
-        return t, torch.from_numpy(y_all[mask])
+        return t, torch.from_numpy(y_all[mask]), torch.from_numpy(c_all[mask]) if factored else None
 
-    (xt, yt), (xv, yv) = tensors(fit), tensors(held)
-    loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor((len(yt) - pos) / pos))
+    def balanced_bce(y):
+        p = float(y.sum())
+        return nn.BCEWithLogitsLoss(pos_weight=torch.tensor((len(y) - p) / max(p, 1.0)))
+
+    (xt, yt, ct), (xv, yv, cv) = tensors(fit), tensors(held)
+    label_loss = balanced_bce(yt)
+    crit_loss = balanced_bce(ct) if factored else None
+
+    def loss_of(x, y, c):
+        decision, crit = head.both_logits(*x)
+        loss = label_loss(decision, y)
+        return loss + critical_weight * crit_loss(crit, c) if factored else loss
+
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     best, best_state, best_epoch, epoch = math.inf, None, 0, 0
     for epoch in range(1, epochs + 1):
         head.train()
         opt.zero_grad()
-        loss = loss_fn(head.logits(head.inputs(*xt)), yt)
+        loss = loss_of(xt, yt, ct)
         loss.backward()
         opt.step()
         if len(yv):
             head.eval()
             with torch.no_grad():
-                val = float(loss_fn(head.logits(head.inputs(*xv)), yv))
+                val = float(loss_of(xv, yv, cv))
             if val < best - 1e-5:
                 best, best_epoch = val, epoch
                 best_state = {k: v.clone() for k, v in head.state_dict().items()}
@@ -280,9 +321,10 @@ def save_head(head: DecisionHead, path: str | Path, meta: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     d_edge, d_cloud, d_csi = head.dims
-    meta = {"rank": head.rank, "d_scalar": head.d_scalar, **meta}
+    meta = {"rank": head.rank, "d_scalar": head.d_scalar, "factored": head.factored, **meta}
     torch.save({"state": head.state_dict(), "dims": head.dims, "hidden": head.net[0].out_features,
-                "dropout": head.net[2].p, "rank": head.rank, "d_scalar": head.d_scalar}, path)
+                "dropout": head.net[2].p, "rank": head.rank, "d_scalar": head.d_scalar,
+                "factored": head.factored}, path)
     path.with_suffix(".json").write_text(json.dumps({"d_edge": d_edge, "d_cloud": d_cloud, "d_csi": d_csi, **meta},
                                                     indent=1))
 
@@ -295,7 +337,7 @@ def load_head(path: str | Path) -> DecisionHead:
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
         head = DecisionHead(*blob["dims"], hidden=blob["hidden"], dropout=blob["dropout"], rank=blob.get("rank", 0),
-                            d_scalar=blob.get("d_scalar", 0))
+                            d_scalar=blob.get("d_scalar", 0), factored=blob.get("factored", False))
         # a head saved before the standardization buffers existed reads its inputs as they come
         missing, unexpected = head.load_state_dict(blob["state"], strict=False)
         if unexpected or any(not k.endswith(("_mean", "_std")) for k in missing):
