@@ -72,8 +72,11 @@ def test_report_compares_each_rule_with_greedy_on_its_channel_and_window(tmp_pat
     assert d["aal_pct"] == pytest.approx(50.0) and d["rounds_pct"] == pytest.approx(-20.0)
     assert d["latency_pct"] == pytest.approx(-20.0) and d["quality_pct"] == pytest.approx(-2.0)
     assert r["mean"]["aal_pct"] == pytest.approx(50.0)
+    # 30 tokens in windows of 4 take at least 6 rounds: 40% below greedy's 10, whatever a rule tolerates
+    assert d["rounds_floor_pct"] == pytest.approx(-40.0) and r["mean"]["rounds_floor_pct"] == pytest.approx(-40.0)
     md = (tmp_path / "wisv.md").read_text()
     assert "| ours (mean over languages, channels, windows) | +50.0% | -20.0% | -2.0% |" in md
+    assert "that floor is -40.0% on average" in md and "| en | markov | 4 | 50.0 | -20.0 | -40.0 |" in md
     assert "| en | markov | 4 | wisv | 3.000 |" in md
     assert r["quality_pct_ci"] is None  # no per-clip numbers, no interval (and no crash)
     # the 7B protocol table: selective wins only on a short RTT

@@ -268,6 +268,9 @@ def build_wisv_report(params: Params, summary: dict, head: dict | None = None, o
                         gs = stats.get((lang, ch, length, "greedy"))
                         deltas.append({"lang": lang, "channel": ch, "L": length,
                                        "aal_pct": _pct(m["aal"], g["aal"]), "rounds_pct": _pct(m["rounds"], g["rounds"]),
+                                       # a round commits at most L + 1 tokens (L accepted and the cloud's
+                                       # next): no rule gets below tokens / (L + 1) rounds a caption
+                                       "rounds_floor_pct": _pct(m["tokens"] / (length + 1), g["rounds"]),
                                        "latency_pct": _pct(m["total_time"], g["total_time"]),
                                        "quality_pct": _pct(_quality(m), _quality(g)),
                                        "quality_pct_ci": _ci(mean_relative_change([(st, gs)], "quality"))
@@ -276,7 +279,8 @@ def build_wisv_report(params: Params, summary: dict, head: dict | None = None, o
                              None) for mth in ("edge", "cloud")} for lang in params.data.languages}
     mean = lambda k: float(np.mean([d[k] for d in deltas if d[k] is not None])) if deltas else None  # noqa: E731
     result = {"rows": rows, "deltas": deltas, "references": refs, "paper": PAPER, "head": head or {},
-              "mean": {k: mean(k) for k in ("aal_pct", "rounds_pct", "latency_pct", "quality_pct")},
+              "mean": {k: mean(k) for k in ("aal_pct", "rounds_pct", "rounds_floor_pct", "latency_pct",
+                                            "quality_pct")},
               "quality_pct_ci": _mean_quality_ci(params, stats),
               "against_rank": against_rank(params, cell, stats),
               "protocols": protocol_table(params, rows)}
@@ -366,8 +370,10 @@ def _markdown(params: Params, r: dict) -> str:
                     _with_ci(x["bleu1"], x.get("bleu1_ci")), x["meteor"], x["rouge_l"],
                     _with_ci(x["quality"], x.get("quality_ci")), x["tolerated"], x["bytes_up"], x["hidden_requests"]]
                    for x in r["rows"]])
-    deltas = _table(["lang", "channel", "L", "AAL %", "rounds %", "latency %", "quality % [95% CI]"],
-                    [[d["lang"], d["channel"], d["L"], d["aal_pct"], d["rounds_pct"], d["latency_pct"],
+    deltas = _table(["lang", "channel", "L", "AAL %", "rounds %", "rounds floor %", "latency %",
+                     "quality % [95% CI]"],
+                    [[d["lang"], d["channel"], d["L"], d["aal_pct"], d["rounds_pct"], d.get("rounds_floor_pct"),
+                      d["latency_pct"],
                       _with_ci(d["quality_pct"], d.get("quality_pct_ci"), signed=True)] for d in r["deltas"]])
     proto = _table(["channel", "L", "mismatches / block", "full-hidden ms", "selective-hidden ms", "faster"],
                    [[p["channel"], p["L"], p["mismatches"], p["full_ms"], p["selective_ms"], p["choice"]]
@@ -419,7 +425,14 @@ def _markdown(params: Params, r: dict) -> str:
                   ["ours (mean over languages, channels, windows)", _pct_s(m["aal_pct"]), _pct_s(m["rounds_pct"]),
                    _pct_s(m["quality_pct"]) + (f" [{r['quality_pct_ci'][0]:+.1f}, {r['quality_pct_ci'][1]:+.1f}]"
                                                if r.get("quality_pct_ci") else "")]])
-        + f"\n\nLatency change, mean: {_pct_s(m['latency_pct'])}. Quality references: {refs}.\n\n"
+        + f"\n\nLatency change, mean: {_pct_s(m['latency_pct'])}. Quality references: {refs}. "
+        + ("" if m.get("rounds_floor_pct") is None else
+           "Rounds have a floor: a round commits at most L + 1 tokens (L accepted and the cloud's next), so no "
+           "rule, however much it tolerates, gets below tokens / (L + 1) rounds a caption. Against greedy's "
+           f"rounds that floor is {_pct_s(m['rounds_floor_pct'])} on average here (column `rounds floor %` of "
+           "the table against greedy): "
+           "short windows on short captions leave little to cut.")
+        + "\n\n"
         "## Per channel and window\n\n" + main + "\n\n## WISV against greedy\n\n" + deltas + "\n"
         + f"\n## WISV against rank-R (R = {params.decode.rank})\n\n"
         "Both accept more than greedy verification; at about equal acceptance (AAL ratio near 1), does WISV keep "
