@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from speccap.config import Params
-from speccap.metrics.bootstrap import ClipStats
+from speccap.metrics.bootstrap import ClipStats, difference, gap_closed
 from speccap.metrics.caption import score_captions
 
 KEYS = (("bleu1", "BLEU-1"), ("emotion_hit_rate", "emotion hit"))
@@ -53,3 +53,28 @@ def gate_eval_run(name: str) -> Path | None:
     """The gate evaluation's records of the configuration named `name` (RunConfig.name), if it ran."""
     found = sorted(Path("reports/gate_runs").glob(f"{name}-*.jsonl"))
     return found[0] if found else None
+
+
+def paired_columns(edge: ClipStats, cloud: ClipStats, stats: dict[str, ClipStats], minus: tuple[str, str]) -> dict:
+    """For each of KEYS: the edge -> cloud gap share each named run closes (`<key>_<name>_share`)
+    and the paired difference of two of them (`<key>_<a>_minus_<b>`), all on the same clips."""
+    a, b = minus
+    row = {}
+    for key, _ in KEYS:
+        for name, s in stats.items():
+            row[f"{key}_{name}_share"] = gap_closed(edge, s, cloud, key)
+        row[f"{key}_{a}_minus_{b}"] = difference(stats[a], stats[b], key)
+    return row
+
+
+def ci_cells(row: dict, suffixes: tuple[str, ...]) -> str:
+    """The table cells "value [low, high]" of `row`'s `<key>_<suffix>` intervals, KEYS by suffixes."""
+    return " | ".join(f"{d['value']:.1f} [{d['ci_low']:.1f}, {d['ci_high']:.1f}]"
+                      for d in (row[f"{k}_{w}"] for k, _ in KEYS for w in suffixes))
+
+
+def write_report(out: Path, stem: str, payload: dict, lines: list[str]) -> None:
+    """<out>/<stem>.json and <stem>.md, the table printed too."""
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=1))
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))

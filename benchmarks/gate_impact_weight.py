@@ -32,13 +32,13 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import load_models  # noqa: E402
-from gate_common import KEYS, clip_stats, gate_eval_run, read_gates, read_records, references, rho  # noqa: E402
+from gate_common import (ci_cells, clip_stats, gate_eval_run, paired_columns, read_gates, read_records,  # noqa: E402
+                         references, rho, write_report)
 
 from speccap.config import gate_decode, load_params  # noqa: E402
 from speccap.gating.features import TOKEN_SCALARS  # noqa: E402
 from speccap.gating.token_gates import (LearnedTokenGate, fit_token_gate, impact_weights,  # noqa: E402
                                         threshold_for_share)
-from speccap.metrics.bootstrap import difference, gap_closed  # noqa: E402
 from speccap.pipeline.gates import end_token  # noqa: E402
 from speccap.pipeline.traces import TRACE_DIR, clip_table, features_of  # noqa: E402
 from speccap.pipeline.sweep import eval_clips  # noqa: E402
@@ -121,16 +121,10 @@ def main() -> None:
             s_stage, s_refit = clip_stats(stage, clips, lang, found), clip_stats(refit, clips, lang, path)
             row = {"language": lang, "budget": budget, "rank": r, "clips": len(clips), "rho_stage": rho(stage),
                    "rho_refit": rho(refit)}
-            for key, _ in KEYS:
-                row[f"{key}_stage_share"] = gap_closed(e_s, s_stage, c_s, key)
-                row[f"{key}_refit_share"] = gap_closed(e_s, s_refit, c_s, key)
-                row[f"{key}_stage_minus_refit"] = difference(s_stage, s_refit, key)
+            row |= paired_columns(e_s, c_s, {"stage": s_stage, "refit": s_refit}, ("stage", "refit"))
             rows.append(row)
     out = Path(args.out)
     w_stage = params.gates.impact_weight
-    (out / "gate_impact_weight.json").write_text(json.dumps({"gate": name, "stage_weight": w_stage,
-                                                            "refit_weight": args.weight, "rows": rows}, indent=1))
-    ci = lambda d: f"{d['value']:.1f} [{d['ci_low']:.1f}, {d['ci_high']:.1f}]"  # noqa: E731
     lines = ["# The critical gate with and without impact weights\n",
              f"Made by `python benchmarks/gate_impact_weight.py --weight {args.weight:g}`. {name} as the `gates` "
              f"stage trained it (a critical token weighing 1 + {w_stage:g} x its impact, the quality points "
@@ -145,10 +139,9 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {r['language']} | {r['budget']:g} | {r['rank']} | {r['rho_stage']:.3f} / "
                      f"{r['rho_refit']:.3f} | "
-                     + " | ".join(ci(r[f"{k}_{w}"]) for k, _ in KEYS for w in ("stage_share", "refit_share",
-                                                                                 "stage_minus_refit")) + " |")
-    (out / "gate_impact_weight.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+                     + ci_cells(r, ("stage_share", "refit_share", "stage_minus_refit")) + " |")
+    write_report(out, "gate_impact_weight", {"gate": name, "stage_weight": w_stage, "refit_weight": args.weight,
+                                             "rows": rows}, lines)
 
 
 if __name__ == "__main__":

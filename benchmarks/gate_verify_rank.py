@@ -19,7 +19,6 @@ evaluation's; only the verification differs. Run after `dvc repro gate_eval`:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -27,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gate_common import KEYS, clip_stats, gate_eval_run, read_gates, read_records, references, rho  # noqa: E402
+from gate_common import (ci_cells, clip_stats, gate_eval_run, paired_columns, read_gates, read_records,  # noqa: E402
+                         references, rho, write_report)
 
 from speccap.config import load_params  # noqa: E402
-from speccap.metrics.bootstrap import difference, gap_closed  # noqa: E402
 from speccap.pipeline.sweep import Pool, eval_clips, run_config  # noqa: E402
 from speccap.pipeline.verify_rank import rank_config  # noqa: E402
 
@@ -65,18 +64,12 @@ def main() -> None:
                 s_greedy = clip_stats(greedy_recs, clips, lang, greedy_path)
                 row = {"language": lang, "gate": name, "budget": float(budget), "threshold": t, "clips": len(clips),
                        "rho_rank": rho(ranked_recs), "rho_greedy": rho(greedy_recs)}
-                for key, _ in KEYS:
-                    row[f"{key}_rank_share"] = gap_closed(edge, s_rank, cloud, key)
-                    row[f"{key}_greedy_share"] = gap_closed(edge, s_greedy, cloud, key)
-                    row[f"{key}_greedy_minus_rank"] = difference(s_greedy, s_rank, key)
+                row |= paired_columns(edge, cloud, {"rank": s_rank, "greedy": s_greedy}, ("greedy", "rank"))
                 rows.append(row)
     finally:
         pool.close()
     out = Path(args.out)
     chosen = gates.get("verify_rank", {}).get("chosen", {})
-    (out / "gate_verify_rank.json").write_text(json.dumps({"rank": params.decode.rank, "chosen_on_validation": chosen,
-                                                           "rows": rows}, indent=1))
-    ci = lambda d: f"{d['value']:.1f} [{d['ci_low']:.1f}, {d['ci_high']:.1f}]"  # noqa: E731
     lines = ["# Flagged tokens judged greedily vs by rank-R\n",
              f"Made by `python benchmarks/gate_verify_rank.py`. The chosen critical gate ({name}, flagged tokens "
              f"verified {verify}) at each budget's threshold on the gate evaluation's test clips; a flagged token "
@@ -89,10 +82,9 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['language']} | {r['budget']:g} | {r['rho_rank']:.3f} / {r['rho_greedy']:.3f} | "
-                     + " | ".join(ci(r[f"{k}_{w}"]) for k, _ in KEYS for w in ("rank_share", "greedy_share",
-                                                                                 "greedy_minus_rank")) + " |")
-    (out / "gate_verify_rank.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+                     + ci_cells(r, ("rank_share", "greedy_share", "greedy_minus_rank")) + " |")
+    write_report(out, "gate_verify_rank", {"rank": params.decode.rank, "chosen_on_validation": chosen, "rows": rows},
+                 lines)
 
 
 if __name__ == "__main__":

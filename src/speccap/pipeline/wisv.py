@@ -105,9 +105,9 @@ def train_wisv_head(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_
                       critical=tr["critical"], critical_weight=w.critical_weight)
     keys = ("h_edge", "h_cloud", "csi") + (("scalars",) if w.scalars else ())
     with torch.no_grad():
-        p_val = head(*(torch.from_numpy(va[k]) for k in keys)).numpy()
+        decision, crit = head.both_logits(*(torch.from_numpy(va[k]) for k in keys))
+        p_val, crit_val = torch.sigmoid(decision).numpy(), torch.sigmoid(crit).numpy()
         p_tr = head(*(torch.from_numpy(tr[k]) for k in keys)).numpy()
-        crit_val = head.criticality(*(torch.from_numpy(va[k]) for k in keys)).numpy()
     reject = p_val >= w.tau
     crit = va["critical"] == 1
     lo, hi = np.quantile(va["quality"], [1 / 3, 2 / 3])
