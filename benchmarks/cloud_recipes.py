@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from gate_common import clip_stats, read_records, write_report  # noqa: E402
 from speccap.config import load_params  # noqa: E402
 from speccap.data.featurize import load_clip_features  # noqa: E402
 from speccap.data.manifest import manifest_path, read_manifest  # noqa: E402
-from speccap.metrics.bootstrap import ClipStats, difference, interval  # noqa: E402
-from speccap.metrics.caption import score_captions  # noqa: E402
+from speccap.metrics.bootstrap import difference, interval  # noqa: E402
+from speccap.metrics.caption import caption_language  # noqa: E402
+from speccap.models.captioners import train_captioners  # noqa: E402
+from speccap.pipeline.quality_table import format_ci  # noqa: E402
 
 # name -> changed models.cloud.train keys (the default: params.yaml's own)
 RECIPES = {
@@ -41,16 +43,13 @@ KEYS = ("bleu1", "meteor", "rouge_l", "emotion_hit_rate")
 
 
 def train_recipe(name: str, work: Path) -> None:
-    """Train the recipe's cloud into work/name (nothing when it is there already)."""
+    """Train the recipe's cloud into work/name (nothing when it is there already), by the train
+    stage's own code: the role trains in a worker process of its own (a dead one fails at once)."""
     out = work / name
     if (out / "cloud" / "config.json").is_file():
         return
     overrides = {"models.dir": str(out), **{f"models.cloud.train.{k}": v for k, v in RECIPES[name].items()}}
-    code = ("import json, sys; from speccap.config import load_params; "
-            "from speccap.models.captioners import train_captioners\n"
-            "if __name__ == '__main__':\n"
-            "    train_captioners(load_params(None, json.loads(sys.argv[1])), progress=False, roles=('cloud',))")
-    subprocess.run([sys.executable, "-c", code, json.dumps(overrides)], check=True)
+    train_captioners(load_params(None, overrides), progress=False, roles=("cloud",))
 
 
 def caption_all(role: str, models_dir: Path, out: Path, params) -> None:
@@ -60,10 +59,10 @@ def caption_all(role: str, models_dir: Path, out: Path, params) -> None:
 
     from speccap.decoding.engine import edge_only
     from speccap.models.loading import load_embedded
-    done = {json.loads(line)["id"] for line in out.open()} if out.exists() else set()
+    done = {r["id"] for r in read_records(out)} if out.exists() else set()
     torch.set_num_threads(2)
     lm = None
-    with out.open("a") as fh:
+    with out.open("a", encoding="utf-8") as fh:
         for lang in params.data.languages:
             for rec in read_manifest(manifest_path(params.data.processed_dir, "test", lang)):
                 if rec["id"] in done:
@@ -75,21 +74,13 @@ def caption_all(role: str, models_dir: Path, out: Path, params) -> None:
                 fh.flush()
 
 
-def clip_stats(path: Path, params, lang: str) -> tuple[ClipStats, float]:
+def scored(path: Path, params, lang: str):
     """(per-clip stats in manifest order, wrong-language rate %) of one captions file."""
-    caps = {r["id"]: r["caption"] for r in map(json.loads, path.open()) if r["lang"] == lang}
-    recs = read_manifest(manifest_path(params.data.processed_dir, "test", lang))
-    missing = [r["id"] for r in recs if r["id"] not in caps]
-    if missing:
-        raise ValueError(f"{path}: {len(missing)} test clip(s) without a caption, e.g. {missing[0]}")
-    s = score_captions([caps[r["id"]] for r in recs], [r["references"] for r in recs], lang,
-                       [r["emotion"] for r in recs])
-    return ClipStats.from_records([r["id"] for r in recs], s.per_caption), s.wrong_language_rate
-
-
-def cell(d: dict, sign: bool = False) -> str:
-    f = "{:+.1f}" if sign else "{:.1f}"
-    return f"{f.format(d['value'])} [{f.format(d['ci_low'])}, {f.format(d['ci_high'])}]"
+    recs = [r for r in read_records(path) if r["lang"] == lang]
+    clips = read_manifest(manifest_path(params.data.processed_dir, "test", lang))
+    stats = clip_stats(recs, clips, lang, path, "run this benchmark again: it captions what is missing")
+    wrong = [caption_language(r["caption"]) not in (None, lang) for r in recs]
+    return stats, 100.0 * sum(wrong) / len(wrong)
 
 
 def main() -> None:
@@ -108,21 +99,20 @@ def main() -> None:
         train_recipe(name, args.work)
         caption_all("cloud", args.work / name, args.work / name / "cloud.jsonl", params)
         print(f"{name}: captioned", flush=True)
-    result = {"recipes": {n: RECIPES[n] for n in args.recipes}, "languages": {}}
+    result = {"recipes": {n: RECIPES[n] for n in args.recipes}, "clips": {}, "languages": {}}
     for lang in params.data.languages:
-        edge, edge_wrong = clip_stats(args.work / "edge.jsonl", params, lang)
+        edge, edge_wrong = scored(args.work / "edge.jsonl", params, lang)
         rows = {"edge": {k: interval(edge, k) for k in KEYS} | {"wrong_language": edge_wrong}}
-        base = clip_stats(args.work / args.recipes[0] / "cloud.jsonl", params, lang)[0]
-        for name in args.recipes:
-            cloud, wrong = clip_stats(args.work / name / "cloud.jsonl", params, lang)
+        clouds = {name: scored(args.work / name / "cloud.jsonl", params, lang) for name in args.recipes}
+        base = clouds[args.recipes[0]][0]
+        for name, (cloud, wrong) in clouds.items():
             rows[name] = {k: interval(cloud, k) for k in KEYS} | {"wrong_language": wrong}
             rows[name]["minus_edge"] = {k: difference(cloud, edge, k) for k in KEYS}
             rows[name]["minus_first"] = {k: difference(cloud, base, k) for k in KEYS}
             gap, emo = rows[name]["minus_edge"]["bleu1"]["value"], rows[name]["emotion_hit_rate"]["value"]
             rows[name]["targets_met"] = bool(gap >= 8 and emo >= 80)
         result["languages"][lang] = rows
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cloud_recipes.json").write_text(json.dumps(result, indent=1))
+        result["clips"][lang] = len(edge.ids)
     lines = ["# The cloud's training recipe against the testbed's targets", "",
              "Made by `python benchmarks/cloud_recipes.py` (see its docstring). Each recipe is params.yaml's cloud "
              "with the `models.cloud.train` keys shown changed, trained with the train stage's code and seed, and "
@@ -130,22 +120,21 @@ def main() -> None:
              "hit >= 80%, in both languages. Intervals: 95% paired bootstrap over the clips; the last column pairs "
              f"each recipe with the first (`{args.recipes[0]}`).", ""]
     for lang, rows in result["languages"].items():
-        lines += [f"## {lang} (n = {len(base.ids)})", "",
+        lines += [f"## {lang} (n = {result['clips'][lang]})", "",
                   "| recipe | changed | BLEU-1 | METEOR | ROUGE-L | emotion hit % | BLEU-1 − edge | "
                   f"emotion − edge | emotion − {args.recipes[0]} | both targets |", "|---|---|---|---|---|---|---|---|---|---|"]
         e = rows["edge"]
-        lines.append(f"| edge | – | {cell(e['bleu1'])} | {cell(e['meteor'])} | {cell(e['rouge_l'])} | "
-                     f"{cell(e['emotion_hit_rate'])} | – | – | – | – |")
+        lines.append(f"| edge | – | {' | '.join(format_ci(e[k]) for k in KEYS)} | – | – | – | – |")
         for name in args.recipes:
             r = rows[name]
             changed = ", ".join(f"{k} {v}" for k, v in RECIPES[name].items()) or "–"
-            lines.append(f"| {name} | {changed} | {cell(r['bleu1'])} | {cell(r['meteor'])} | {cell(r['rouge_l'])} | "
-                         f"{cell(r['emotion_hit_rate'])} | {cell(r['minus_edge']['bleu1'], True)} | "
-                         f"{cell(r['minus_edge']['emotion_hit_rate'], True)} | {cell(r['minus_first']['emotion_hit_rate'], True)} | "
+            diffs = (r["minus_edge"]["bleu1"], r["minus_edge"]["emotion_hit_rate"], r["minus_first"]["emotion_hit_rate"])
+            lines.append(f"| {name} | {changed} | {' | '.join(format_ci(r[k]) for k in KEYS)} | "
+                         f"{' | '.join(format_ci(d, signed=True) for d in diffs)} | "
                          f"{'met' if r['targets_met'] else 'not met'} |")
         lines.append("")
-    (args.out / "cloud_recipes.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_report(args.out, "cloud_recipes", result, lines[:-1])
 
 
 if __name__ == "__main__":

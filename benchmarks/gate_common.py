@@ -18,12 +18,12 @@ def read_records(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
 
 
-def clip_stats(records: list[dict], clips: list[dict], language: str, source: Path) -> ClipStats:
+def clip_stats(records: list[dict], clips: list[dict], language: str, source: Path,
+               remedy: str = "run `dvc repro gate_eval` with the current params") -> ClipStats:
     by_id = {r["id"]: r for r in records}
     missing = [c["id"] for c in clips if c["id"] not in by_id]
     if missing:
-        raise SystemExit(f"{source}: no caption of {len(missing)} evaluation clip(s), e.g. {missing[0]} "
-                         f"(run `dvc repro gate_eval` with the current params)")
+        raise SystemExit(f"{source}: no caption of {len(missing)} evaluation clip(s), e.g. {missing[0]} ({remedy})")
     s = score_captions([by_id[c["id"]]["caption"] for c in clips], [c["references"] for c in clips], language,
                        [c.get("emotion") for c in clips])
     return ClipStats.from_records([c["id"] for c in clips], s.per_caption)
