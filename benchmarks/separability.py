@@ -56,9 +56,10 @@ def audio_side(params, role: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.
     The model is loaded once and each split's examples are read once, for all languages."""
     import torch
 
+    from speccap.models.aux_targets import span_means
     from speccap.models.captioners import load_examples
     from speccap.models.loading import load_role
-    from speccap.models.train import make_batch, span_means
+    from speccap.models.train import make_batch
     lm = load_role(params, role)
     lm.model.eval()
     out = {}

@@ -99,6 +99,9 @@ class TrainParams:
     # likewise for which of the synthetic corpus's sentences is said (a clip of another corpus has none
     # and is skipped): as if the model had heard far more speech, it learns to tell the words apart
     sentence_aux: float = 0.0
+    # likewise for the values a synthetic clip's cues were rendered with (pitch, range, rate, volume,
+    # contour, effects): dense where the captions name them in words, in bins and only now and then
+    cues_aux: float = 0.0
 
 
 @dataclass(frozen=True)

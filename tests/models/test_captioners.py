@@ -86,3 +86,21 @@ def test_two_trainings_with_the_same_seed_give_bit_identical_models(tiny_project
     train_captioners(other, progress=False, roles=("edge",))
     assert Path(tmp_path, "m1", "edge", "model.safetensors").read_bytes() != \
         Path(params.models.dir, "edge", "model.safetensors").read_bytes()
+
+
+def test_training_examples_carry_every_auxiliary_label_of_a_synthetic_clip(tiny_project):
+    from speccap.data.emotions import EMOTIONS
+    from speccap.data.sentences import sentence_index
+    from speccap.models.aux_targets import cue_vector
+    from speccap.models.captioners import load_examples
+    from speccap.models.tokenizer import load_tokenizer
+    params, _, _ = tiny_project
+    examples = load_examples(params, "val", load_tokenizer(Path(params.models.dir, "tokenizer")))
+    assert examples
+    records = {r["id"]: r for lang in params.data.languages
+               for r in read_manifest(manifest_path(params.data.processed_dir, "val", lang))}
+    for e in examples:
+        rec = records[e.clip_id]
+        assert EMOTIONS[e.emotion] == rec["emotion"]
+        assert e.sentence == sentence_index(rec["cues"]["text_en"]) >= 0
+        assert e.cues is not None and e.cues == cue_vector(rec["cues"])

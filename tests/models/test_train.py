@@ -4,6 +4,7 @@ import torch
 
 from speccap.config import TrainParams
 from speccap.models import train as train_mod
+from speccap.models.aux_targets import cue_vector
 from speccap.models.generate import generate
 from speccap.models.train import Example, fingerprint, train_captioner
 
@@ -79,12 +80,19 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch)
     assert other != fp
 
 
-@pytest.mark.parametrize("target", ["emotion", "sentence"])
+# a clip's label for each auxiliary target, by its caption (0 or 1)
+_AUX_LABELS = {"emotion": lambda k: k, "sentence": lambda k: k,
+               "cues": lambda k: cue_vector({"pitch": 40 + 30 * k, "pitch_range": 50, "rate": 160, "volume": 100,
+                                             "tremor": k, "breathiness": 0, "harshness": 0, "pauses": 0,
+                                             "contour": ("steady", "rising")[k]})}
+
+
+@pytest.mark.parametrize("target", ["emotion", "sentence", "cues"])
 def test_aux_loss_trains_the_audio_side_and_leaves_a_plain_model(tmp_path, target):
     import dataclasses
     train, val = _examples(16, 0), _examples(4, 1)
     for e in train + val:
-        setattr(e, target, 0 if e.captions == CAPS[0] else 1)
+        setattr(e, target, _AUX_LABELS[target](0 if e.captions == CAPS[0] else 1))
     fp = fingerprint(TINY, SETTINGS, 0, "qwen2_5_omni", [e.clip_id for e in train])
     settings = TrainParams(max_steps=6, batch_size=4, lr=1e-2, warmup_steps=1, eval_every=3, patience=10, threads=1)
     plain, aided = tiny_lm("qwen2_5_omni", seed=0), tiny_lm("qwen2_5_omni", seed=0)
@@ -96,13 +104,3 @@ def test_aux_loss_trains_the_audio_side_and_leaves_a_plain_model(tmp_path, targe
     assert not any("_probe" in k for k in aided.model.state_dict())
     # ... and the auxiliary loss reached the weights
     assert not torch.equal(_weights(plain), _weights(aided))
-
-
-def test_span_means_average_each_equal_run_of_audio_positions_in_order():
-    states = torch.arange(2 * 7, dtype=torch.float32).view(2, 7, 1)
-    audio = torch.tensor([[0, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0]], dtype=torch.float32)
-    assert train_mod.span_means(states, audio, 1).flatten().tolist() == [2.5, 8.0]
-    # row 0: audio at 1..4 -> spans {1, 2} and {3, 4}; row 1: 7, 8, 9 -> {7, 8} and {9}
-    assert train_mod.span_means(states, audio, 2).tolist() == [[1.5, 3.5], [7.5, 9.0]]
-    # more spans than audio positions: the empty ones are zeros, not NaN
-    assert train_mod.span_means(states, audio, 4)[1].tolist() == [7.0, 8.0, 9.0, 0.0]

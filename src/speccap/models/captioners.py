@@ -14,6 +14,7 @@ from ..data.featurize import load_clip_features
 from ..data.manifest import manifest_path, read_manifest
 from ..data.sentences import sentence_index
 from ..fanout import fan_out
+from .aux_targets import cue_vector
 from .configs import build_model
 from .loading import embedded_prompt
 from .thinker import ThinkerLM
@@ -38,8 +39,9 @@ def load_examples(params: Params, split: str, tokenizer) -> list[Example]:
                 continue  # skipped by featurize (reported there)
             caps = [tokenizer.encode(r, add_special_tokens=False) for r in rec["references"]]
             emotion = EMOTIONS.index(rec["emotion"]) if rec.get("emotion") in EMOTIONS else -1
+            cues = rec.get("cues") or {}
             out.append(Example(rec["id"], torch.from_numpy(mel).to(torch.float16), caps, lang, emotion,
-                               sentence_index(rec.get("cues", {}).get("text_en"))))
+                               sentence_index(cues.get("text_en")), cue_vector(cues)))
     return out
 
 

@@ -22,8 +22,7 @@ import torch
 from tqdm import tqdm
 
 from ..config import ThinkerSize, TrainParams
-from ..data.emotions import EMOTIONS
-from ..data.sentences import SENTENCES
+from .aux_targets import AUX_TARGETS, span_means
 from .thinker import ThinkerLM
 
 
@@ -35,28 +34,7 @@ class Example:
     language: str
     emotion: int = -1  # index in data.emotions.EMOTIONS, -1 unknown (the auxiliary loss skips it)
     sentence: int = -1  # index in data.sentences.SENTENCES of what is said, -1 unknown (likewise)
-
-
-# The auxiliary targets a captioner may learn beside its captions, each by a linear probe on the
-# audio positions of the text model's input: name -> (how many classes, how many equal time spans
-# the positions are averaged over, side by side). Which sentence was said is a sequence of sounds,
-# so its probe sees the clip's course in four spans; an emotion is heard over the whole clip, but
-# its course counts too (happiness rises where surprise falls): two spans. Chosen on one training
-# each (issue 17's runs), not on a difference with a confidence interval.
-AUX_TARGETS = {"emotion": (len(EMOTIONS), 2), "sentence": (len(SENTENCES), 4)}
-
-
-def span_means(states: torch.Tensor, audio: torch.Tensor, spans: int) -> torch.Tensor:
-    """(batch, spans x hidden): the mean state over each of `spans` equal runs of a row's audio
-    positions (`audio`: (batch, seq) 0/1), in order."""
-    count = audio.sum(1, keepdim=True).clamp(min=1)
-    rank = audio.cumsum(1) - 1  # 0.. count-1 along each row's audio positions
-    span = torch.minimum((rank * spans / count).floor().long(), torch.tensor(spans - 1))
-    out = []
-    for k in range(spans):
-        w = audio * (span == k)
-        out.append((states * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp(min=1))
-    return torch.cat(out, -1)
+    cues: tuple[float, ...] | None = None  # aux_targets.cue_vector of the rendered cues, None unknown
 
 
 def make_batch(lm: ThinkerLM, examples: list[Example], choice: list[int]) -> dict[str, torch.Tensor]:
@@ -84,19 +62,20 @@ def make_batch(lm: ThinkerLM, examples: list[Example], choice: list[int]) -> dic
         attn[i, : len(r)] = 1
     return {"input_ids": ids, "labels": labels, "attention_mask": attn, "input_features": feats,
             "feature_attention_mask": fmask,
-            **{name: torch.tensor([getattr(e, name) for e in examples]) for name in AUX_TARGETS}}
+            **{name: target.collate([getattr(e, name) for e in examples]) for name, target in AUX_TARGETS.items()}}
 
 
 def batch_loss(lm: ThinkerLM, batch: dict[str, torch.Tensor],
                probes: dict[str, tuple[torch.nn.Module, float]] | None = None) -> torch.Tensor:
     """Caption cross-entropy, plus for each auxiliary target in `probes` (name -> (linear probe,
-    weight)) its weight x the cross-entropy of the probe on the text model's input embeddings at
-    the audio positions, averaged over the target's time spans (AUX_TARGETS; clips whose target is
-    unknown, -1, are skipped)."""
+    weight)) its weight x the target's loss of the probe on the text model's input embeddings at
+    the audio positions, averaged over the target's time spans (aux_targets.AUX_TARGETS; clips
+    whose target is unknown are skipped, and a batch with none skips the target)."""
     model = lm.model
     positions, _ = model.model.get_rope_index(batch["input_ids"], None, None, batch["attention_mask"], False,
                                               batch["feature_attention_mask"].sum(-1), None)
-    probes = {name: pw for name, pw in (probes or {}).items() if pw[1] > 0 and bool((batch[name] >= 0).any())}
+    probes = {name: pw for name, pw in (probes or {}).items()
+              if pw[1] > 0 and bool(AUX_TARGETS[name].known(batch[name]).any())}
     aux = bool(probes)
     out = model(input_ids=batch["input_ids"], input_features=batch["input_features"],
                 feature_attention_mask=batch["feature_attention_mask"], attention_mask=batch["attention_mask"],
@@ -107,9 +86,9 @@ def batch_loss(lm: ThinkerLM, batch: dict[str, torch.Tensor],
     if aux:
         audio = (batch["input_ids"] == lm.audio_id).float()
         for name, (probe, weight) in probes.items():
-            pooled = span_means(out.hidden_states[0], audio, AUX_TARGETS[name][1])
-            loss = loss + weight * torch.nn.functional.cross_entropy(probe(pooled.float()), batch[name],
-                                                                     ignore_index=-1)
+            target = AUX_TARGETS[name]
+            pooled = span_means(out.hidden_states[0], audio, target.spans)
+            loss = loss + weight * target.loss(probe(pooled.float()), batch[name])
     return loss
 
 
@@ -161,11 +140,11 @@ def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], set
     ckpt_path = out_dir / "checkpoint.pt"
     model = lm.model
     probes = {}
-    for name, (classes, spans) in AUX_TARGETS.items():
+    for name, target in AUX_TARGETS.items():
         weight = getattr(settings, f"{name}_aux")
         if weight > 0:
             torch.manual_seed(seed)  # the probe's initial weights, before the optimizer that trains them
-            probe = torch.nn.Linear(spans * model.config.get_text_config().hidden_size, classes)
+            probe = torch.nn.Linear(target.spans * model.config.get_text_config().hidden_size, target.outputs)
             model.add_module(f"_{name}_probe", probe)  # trained, checkpointed and resumed with the model
             probes[name] = (probe, weight)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
