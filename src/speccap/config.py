@@ -206,6 +206,9 @@ class GatesParams:
     verify_ranks: tuple[int, ...] = ()
     baselines: tuple[str, ...] = ("entropy",)  # rule gates evaluated at the same budgets, per token and per block
     budgets: tuple[float, ...] = (0.05, 0.1)  # target escalation rates rho*
+    # the oracle at a budget: every token judged, the first k the cloud replaces replaced, one row per
+    # k (decoding.verify.Rank.max_corrections); () = only the unlimited oracle
+    oracle_corrections: tuple[int, ...] = ()
     eval_clips: int = 0  # test clips per language for the gate evaluation (0 = all)
     # the oracle, the per-token baselines and the critical-target gates run on all `eval_clips`; the
     # per-block baselines, the other targets and the other verification variant on the first
@@ -474,6 +477,9 @@ def _validate(p: Params) -> None:
         raise ConfigError(f"params keys gates.kinds / gates.targets / gates.baselines / gates.verify: unknown {bad}")
     if g.impact_weight < 0:
         raise ConfigError(f"params key gates.impact_weight: must be >= 0, got {g.impact_weight}")
+    if any(k < 1 for k in g.oracle_corrections):
+        raise ConfigError(f"params key gates.oracle_corrections: corrections per caption must be >= 1, got "
+                          f"{list(g.oracle_corrections)}")
     if any(r < 1 for r in g.verify_ranks):
         raise ConfigError(f"params key gates.verify_ranks: R of the rank rule must be >= 1, got {list(g.verify_ranks)}")
     if not g.budgets or any(not 0 < b <= 1 for b in g.budgets) or not 0 < g.promote_budget <= 1:

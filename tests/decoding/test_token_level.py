@@ -146,3 +146,33 @@ def test_a_deferred_token_the_cloud_accepts_goes_in_with_the_clouds_next(pair, a
     fed = [t for c in calls for t in c]
     assert fed == rec.token_ids[:len(fed)]
     assert rec.rounds == 1 and (rec.corrected == 1 or [len(c) for c in calls][3] == 2)
+
+
+def _oracle(k):
+    from speccap.decoding.verify import Rank
+    return SpecSettings(gate=make_gate("always", None, "token", "alone"), rule=Rank(1, max_corrections=k),
+                        policy=Fixed(4), max_new_tokens=MAX)
+
+
+def test_the_oracle_at_a_budget_replaces_only_the_first_k_tokens_the_cloud_would(pair, audio):
+    edge, cloud = pair
+    ref_edge = edge_only(edge, audio[1], "en", MAX).token_ids
+    ref_cloud = cloud_only(cloud, audio[1], "en", Link(LinkConfig()), MAX).token_ids
+    # k = 0: every token judged, none replaced, no bonus tokens: the edge's caption exactly
+    none = speculative(edge, cloud, audio[1], "en", _oracle(0), Link(LinkConfig()))
+    assert none.token_ids == ref_edge and none.corrected == 0 and none.bonus == 0
+    # (every position is drafted and judged, the end token too unless the caption ran out of tokens)
+    assert none.tolerated > 0 and none.drafted == none.rounds and none.drafted - len(ref_edge) in (0, 1)
+    # no limit: greedy verification of every edge-drafted token: the cloud's caption exactly, and
+    # corrected / drafted is the share of positions the cloud replaced (every position drafted)
+    full = speculative(edge, cloud, audio[1], "en", _oracle(MAX), Link(LinkConfig()))
+    assert full.token_ids == ref_cloud and full.bonus == 0 and full.tolerated == 0
+    assert full.drafted == full.rounds and full.drafted - len(ref_cloud) in (0, 1) and full.corrected > 1
+    # k = 1: the edge's caption up to its first disagreement, the cloud's token there, then the edge
+    # again (later disagreements kept as drafted); the settings object is reused: the count starts afresh
+    settings = _oracle(1)
+    one = [speculative(edge, cloud, audio[1], "en", settings, Link(LinkConfig())) for _ in range(2)]
+    assert one[0].token_ids == one[1].token_ids and one[0].corrected == one[1].corrected == 1
+    p = next(i for i, (a, b) in enumerate(zip(ref_edge, ref_cloud)) if a != b)
+    assert one[0].token_ids[:p] == ref_edge[:p] and one[0].token_ids[p] == ref_cloud[p]
+    assert one[0].bonus == 0 and one[0].drafted - len(one[0].token_ids) in (0, 1)

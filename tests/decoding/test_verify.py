@@ -103,3 +103,19 @@ def test_a_token_gate_judges_its_flagged_tokens_by_its_own_rank_per_language():
     block = make_gate("entropy", 1.0)
     block.verify_rank = {"en": 1}
     assert rule_for_gate(Rank(2), block, "en").r == 2  # a block gate judges by the rule given
+
+
+def test_a_correction_allowance_replaces_the_first_k_violators_then_tolerates_without_bonus():
+    rows = rows_with_order([[5, 6], [6, 5], [1, 2], [4]])
+    capped = Rank(1, max_corrections=1)
+    assert capped.for_caption() is not capped and Rank(1).for_caption().max_corrections is None
+    caption = capped.for_caption()
+    v = caption.verify([6], rows[:2], None, EOS, None)  # rank 2 > 1: the first violator is replaced
+    assert (v.accepted, v.token, v.corrected, v.tolerated) == (0, 5, True, 0)
+    v = caption.verify([2, 4], rows[2:], None, EOS, None)  # over the allowance: kept, and no bonus token
+    assert (v.accepted, v.token, v.corrected, v.tolerated) == (2, None, False, 1)
+    fresh = capped.for_caption()  # a new caption starts with the whole allowance
+    assert fresh.verify([6], rows[:2], None, EOS, None).corrected
+    assert Rank(1, max_corrections=0).verify([6], rows[:2], None, EOS, None).tolerated == 1
+    with pytest.raises(ValueError, match="allowance"):
+        Rank(1, max_corrections=-1)

@@ -118,3 +118,21 @@ def test_papers_seconds_count_the_tokens_the_edge_fed():
     # the two flagged drafts the cloud replaced were never fed: two edge steps fewer
     assert papers_seconds(m | {"edge_fed": 10}, "ugsd") == pytest.approx(old - 2 / PAPER_EDGE_OTPS)
     assert papers_seconds(m, "edge") == pytest.approx(10 / PAPER_EDGE_OTPS)
+
+
+def test_the_oracles_at_a_budget_are_configured_and_a_gate_is_held_against_the_largest_within_it():
+    from speccap.pipeline.gate_report import is_oracle, oracle_at, oracle_name
+    p = params_from_dict({"gates": {"budgets": [0.1], "promote_budget": 0.1, "oracle_corrections": [1, 3]}})
+    configs, tags = gate_configs(p, _gates_json())
+    capped = [c for c in configs if c.language == "en" and c.corrections is not None]
+    assert [(c.gate, c.token, c.corrections) for c in capped] == [("always", "alone", 1), ("always", "alone", 3)]
+    assert [tags[c]["gate_name"] for c in capped] == [oracle_name(1), oracle_name(3)]
+    assert all(is_oracle(tags[c]["gate_name"]) for c in capped) and not is_oracle("tok-lightgbm-critical")
+    assert len({c.name for c in configs}) == len(configs) and "first3" in capped[1].name
+    per_gate = {ORACLE: [{"rho": 0.04}], oracle_name(1): [{"rho": 0.03}], oracle_name(3): [{"rho": 0.09}],
+                oracle_name(6): [{"rho": 0.12}], "entropy": [{"rho": 0.1}]}
+    assert oracle_at(per_gate, 0.1)[0] == oracle_name(3)   # the most within 0.1; the unlimited one never
+    assert oracle_at(per_gate, 0.05)[0] == oracle_name(1)
+    assert oracle_at(per_gate, 0.02) is None
+    with pytest.raises(Exception, match="oracle_corrections"):
+        params_from_dict({"gates": {"oracle_corrections": [0]}})

@@ -30,7 +30,8 @@ class CloudSession:
 
     def __init__(self, lm: AudioLM, features: np.ndarray, language: str, rule: Rule, seed: int = 0,
                  cache: bool = True):
-        self.lm, self.features, self.language, self.rule, self.cache = lm, features, language, rule, cache
+        self.lm, self.features, self.language, self.cache = lm, features, language, cache
+        self.rule = rule.for_caption()  # a rule that counts within a caption starts afresh
         self.rng = np.random.default_rng(seed)
         self.sess = None
         self.last: torch.Tensor | None = None  # distribution after the last token in its cache

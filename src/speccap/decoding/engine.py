@@ -156,7 +156,9 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
             accepted = block.tokens[: verdict.accepted]
             committed.extend(t for t in accepted if t != eos)
             book_verdict(rec, verdict)
-            if verdict.token is None or verdict.token == eos or (accepted and accepted[-1] == eos):
+            if verdict.token is None and accepted and accepted[-1] != eos:  # no bonus (an oracle at a budget)
+                ed.align(committed)
+            elif verdict.token is None or verdict.token == eos or (accepted and accepted[-1] == eos):
                 done = True
                 ed.truncate(min(ed.cached, len(committed)))  # nothing more to feed: the caption is done
             else:

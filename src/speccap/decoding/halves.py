@@ -195,8 +195,8 @@ class CloudHalf:
             charge(rec, clock, link, "down", "mismatch", packets.mismatch_packet(session_id, seq, verdict.asked))
             charge(rec, clock, link, "up", "hidden", hidden_upload(session_id, seq, block, verdict.asked))
             rec.hidden_requests += 1
+        rec.tolerated += verdict.tolerated  # WISV's head, or an oracle over its allowance
         if rule.needs_hidden:
-            rec.tolerated += verdict.tolerated
             self.mismatches += sum(r > 1 for r in verdict.ranks)
             self.examined += len(verdict.ranks)
         if self.s.observer is not None:

@@ -19,7 +19,9 @@ import torch
 @dataclass
 class Verdict:
     accepted: int
-    token: int | None  # correction or bonus; None when the accepted block ended the caption
+    # correction or bonus; None when the accepted block ended the caption, or (an oracle at a
+    # budget, Rank.max_corrections) when the accepted block gets no bonus and the edge goes on
+    token: int | None
     corrected: bool  # the token replaces a rejected draft token
     ranks: list[int] = field(default_factory=list)  # cloud rank of each examined draft token
     # WISV: mismatches the decision head let through, and the positions whose edge hidden states
@@ -43,6 +45,11 @@ class Rule(ABC):
     # its own, and the verdict comes from verify_hidden (with the channel state) instead of verify
     needs_hidden = False
 
+    def for_caption(self) -> "Rule":
+        """The rule one caption's cloud session judges by: itself, unless it keeps count within a
+        caption (Rank with a correction allowance), which starts every caption afresh."""
+        return self
+
     def q_payload(self, q: list[torch.Tensor]) -> bytes:
         """The draft distributions as they travel after a VERIFY: dense float16 rows (the cost Q-S attacks)."""
         from .packets import q_payload
@@ -59,27 +66,47 @@ class Rule(ABC):
 
 class Rank(Rule):
     """UGSD eq. 3-4: accept while the draft token's rank under the cloud is <= R; the first
-    violator is replaced by the cloud's argmax. R = 1 is greedy verification."""
+    violator is replaced by the cloud's argmax. R = 1 is greedy verification.
 
-    def __init__(self, r: int = 20):
+    `max_corrections` = k makes it the oracle at a budget: with gate `always` every token is
+    judged, the first k violators of a caption are replaced and later ones are kept as drafted
+    (counted as tolerated), and an accepted token gets no bonus token (`token` None, the caption
+    not ended): every position is drafted by the edge, so the caption is what a gate that
+    escalates exactly the first k tokens the cloud replaces would write, and corrected / drafted
+    is its escalation rate. The count lives in the copy `for_caption` returns. Blocking loop only."""
+
+    def __init__(self, r: int = 20, max_corrections: int | None = None):
         if r < 1:
             raise ValueError(f"rank rule needs R >= 1, got {r}")
+        if max_corrections is not None and max_corrections < 0:
+            raise ValueError(f"a correction allowance must be >= 0, got {max_corrections}")
         self.r = int(r)
         self.name = "greedy" if self.r == 1 else "rank"
+        self.max_corrections = max_corrections
+        self.corrections = 0  # this caption's so far (for_caption starts each caption at 0)
+
+    def for_caption(self) -> "Rank":
+        return self if self.max_corrections is None else Rank(self.r, self.max_corrections)
 
     def verify(self, draft, rows, q, eos, rng) -> Verdict:
-        ranks = []
+        ranks, tolerated = [], 0
         for i, tok in enumerate(draft):
             rank = cloud_rank(rows[i], tok)
             ranks.append(rank)
             if rank > self.r:
-                return Verdict(i, int(torch.argmax(rows[i])), True, ranks)
-        if draft and draft[-1] == eos:
-            return Verdict(len(draft), None, False, ranks)
-        return Verdict(len(draft), int(torch.argmax(rows[len(draft)])), False, ranks)
+                if self.max_corrections is None or self.corrections < self.max_corrections:
+                    self.corrections += 1
+                    return Verdict(i, int(torch.argmax(rows[i])), True, ranks, tolerated=tolerated)
+                tolerated += 1  # over the allowance: the edge's token stands
+        if (draft and draft[-1] == eos) or self.max_corrections is not None:  # ended, or no bonus (oracle)
+            return Verdict(len(draft), None, False, ranks, tolerated=tolerated)
+        return Verdict(len(draft), int(torch.argmax(rows[len(draft)])), False, ranks, tolerated=tolerated)
 
     def describe(self) -> dict:
-        return {"rule": self.name, "rank": self.r}
+        out = {"rule": self.name, "rank": self.r}
+        if self.max_corrections is not None:
+            out["max_corrections"] = self.max_corrections
+        return out
 
 
 class SpecSampling(Rule):

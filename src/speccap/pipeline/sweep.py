@@ -44,6 +44,7 @@ class RunConfig:
     channel: str | None = None  # a named link of wisv.channels instead of params.link
     tau: float | None = None  # WISV: tolerate a mismatch when P(reject) < tau (None: wisv.tau)
     token: str | None = None  # a token-level gate, verifying the flagged token "alone" or with the "pending" ones
+    corrections: int | None = None  # the oracle at a budget: the first k tokens the cloud replaces (Rank.max_corrections)
 
     @property
     def name(self) -> str:
@@ -61,11 +62,12 @@ class RunConfig:
         channel = "" if self.channel is None else f"@{self.channel}"
         if self.token is not None:
             length = f"tok{self.token}"
-        return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{rule}{tau}{piped}{temp}{channel}"
+        first = "" if self.corrections is None else f"-first{self.corrections}"
+        return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{rule}{first}{tau}{piped}{temp}{channel}"
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        for k in ("temperature", "level", "channel", "tau", "token"):  # added later: left out when unused, so older keys stay valid
+        for k in ("temperature", "level", "channel", "tau", "token", "corrections"):  # added later: left out when unused, so older keys stay valid
             if d[k] is None:
                 del d[k]
         return d
@@ -223,6 +225,11 @@ def caption_one(job: tuple[dict, str]) -> dict:
                 settings.gate = load_gate(params, cfg.gate, cfg.threshold, cache=_W.setdefault("gates", {}))
             if cfg.token is not None:
                 settings.gate.at_token_level(cfg.token)
+            if cfg.corrections is not None:  # the oracle at a budget (blocking loop only: no bonus tokens)
+                from ..decoding.verify import Rank
+                if cfg.in_flight or not isinstance(settings.rule, Rank):
+                    raise ValueError(f"{cfg.name}: a correction allowance needs the rank rule and the blocking loop")
+                settings.rule = Rank(settings.rule.r, cfg.corrections)
             if cfg.rule == "wisv":  # greedy localization, the trained head judging each mismatch
                 from ..decoding.wisv import WISV
                 from .wisv import cached_head
