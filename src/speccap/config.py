@@ -470,11 +470,13 @@ def _validate(p: Params) -> None:
         raise ConfigError(f"params keys sweep.methods / sweep.gates: unknown {bad}")
     g = p.gates
     bad = [k for k in g.kinds if k not in ("logistic", "lightgbm", "mlp")] + [
-        t for t in g.targets if t not in ("mismatch", "critical")] + [
+        t for t in g.targets if t not in ("gain", "mismatch", "critical")] + [
         b for b in g.baselines if b not in ("entropy", "margin", "logprob")] + [
         v for v in (g.verify,) if v not in ("alone", "pending")]
     if bad:
         raise ConfigError(f"params keys gates.kinds / gates.targets / gates.baselines / gates.verify: unknown {bad}")
+    if not g.targets or len(set(g.targets)) != len(g.targets):
+        raise ConfigError(f"params key gates.targets: one or more distinct targets, the main one first; got {list(g.targets)}")
     if g.impact_weight < 0:
         raise ConfigError(f"params key gates.impact_weight: must be >= 0, got {g.impact_weight}")
     if any(k < 1 for k in g.oracle_corrections):

@@ -20,7 +20,7 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
     params, raw, pfile = own_project("gates-test", gates={
         # the tiny models gain little from any correction: a tenth of a point makes a mismatch critical
         "traces": {"train_clips": 4, "val_clips": 2, "block_len": 2, "critical_margin": 0.1}, "budgets": [0.3, 0.6],
-        "promote_budget": 0.3,
+        "promote_budget": 0.3, "targets": ["gain", "critical", "mismatch"],  # the main target first
         "eval_clips": 2, "dagger": {"rounds": 1, "train_clips": 2}, "verify_ranks": [1]})
 
     summary = traces_flow(str(pfile))
@@ -39,14 +39,15 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
     assert with_states["mismatch"].all() and not any((tmp_path / "data/wisv_traces").iterdir())
 
     gates = gates_flow(str(pfile))
-    names = [f"tok-{k}-{t}" for k in ("logistic", "lightgbm", "mlp") for t in ("critical", "mismatch")]
+    names = [f"tok-{k}-{t}" for k in ("logistic", "lightgbm", "mlp") for t in ("gain", "critical", "mismatch")]
     assert set(names) <= set(gates["gates"]) and {"entropy", "entropy-block"} <= set(gates["gates"])
     tracker = Tracker(raw["tracking"]["uri"], "gates-test")
-    assert len(tracker.model_versions("speccap-gate")) == 6
-    # one DAgger round: the chosen critical gate decoded train and validation clips, their committed
+    assert len(tracker.model_versions("speccap-gate")) == 9
+    assert list(gates["chosen"]) == ["gain", "critical", "mismatch"]
+    # one DAgger round: the main target's chosen gate decoded train and validation clips, their committed
     # captions were traced, and the gates were trained again with them
     (r,) = gates["dagger"]
-    assert r["round"] == 1 and r["gate"].endswith("-critical") and r["traces"]["train"]["clips"] == 4
+    assert r["round"] == 1 and r["gate"].endswith("-gain") and r["traces"]["train"]["clips"] == 4
     assert r["traces"]["val"]["clips"] == 4 and r["train_tokens"] > len(train)
     assert (tmp_path / "data/dagger/round1/train.en.jsonl").read_text().count("\n") == 2
     assert 0.0 <= r["corrected_share_of_val_tokens"] <= 1.0
@@ -56,7 +57,7 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
     # the R flagged tokens are judged by: decode's and greedy, each on the validation clips, one chosen per
     # language and written into every registered gate (what a deployed champion reads back)
     vr = gates["verify_rank"]
-    assert vr["candidates"] == [params.decode.rank, 1] and vr["gate"] == gates["chosen"]["critical"]
+    assert vr["candidates"] == [params.decode.rank, 1] and vr["gate"] == gates["chosen"]["gain"]
     assert set(vr["chosen"]) == {"en", "zh"} and set(vr["chosen"].values()) <= {params.decode.rank, 1}
     assert {row["clips"] for per in vr["validation"].values() for row in per.values()} == {2}
     assert len(list((tmp_path / "data/verify_rank").glob("*.jsonl"))) == 4
@@ -65,7 +66,7 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
 
     result = gate_eval_flow(str(pfile))
     en = result["languages"]["en"]
-    pending = f"{gates['chosen']['critical']} (pending)"  # the other variant, at the promote budget only
+    pending = f"{gates['chosen']['gain']} (pending)"  # the other variant, at the promote budget only
     assert set(en["gates"]) == chosen | {"entropy", "entropy-block", "oracle", pending}
     assert all(len(v) == 2 for n, v in en["gates"].items() if n not in ("oracle", pending))
     assert len(en["gates"]["oracle"]) == len(en["gates"][pending]) == 1

@@ -119,3 +119,37 @@ def shadow_table(seed: int, clips: int = 150, per_clip: int = 20) -> pd.DataFram
                        "token": x[:, len(TOKEN_SCALARS)].astype(int), "eos": EOS, "mismatch": labels["mismatch"],
                        "critical": labels["critical"], "impact": labels["critical"] * 5.0})
     return pd.concat([df, pd.DataFrame(x, columns=[f"x{k}" for k in range(x.shape[1])])], axis=1)
+
+
+@pytest.mark.parametrize("kind", TOKEN_KINDS)
+def test_the_gain_target_ranks_big_gains_above_small_ones(kind):
+    # critical tokens of two kinds, equally common: dimension 0 marks 2-point gains, dimension 2
+    # 30-point ones. The critical target cannot tell them apart; the gain target must rank the
+    # big ones first (what a budget smaller than the critical tokens should buy)
+    x, _ = _data(4000, 0)
+    h = x[:, len(TOKEN_SCALARS) + 1:]
+    small, big = h[:, 0] > 1.5, h[:, 2] > 1.5
+    impact = np.where(big, 30.0, np.where(small, 2.0, 0.0)) + np.where(small | big, 0.0, -0.5)  # losses count as 0
+    labels = pd.DataFrame({"critical": small | big, "mismatch": small | big, "impact": impact,
+                           "clip_id": np.arange(4000) // 20})
+    xv, _ = _data(2000, 1)
+    hv = xv[:, len(TOKEN_SCALARS) + 1:]
+    only_small, only_big = (hv[:, 0] > 1.5) & (hv[:, 2] < 1.5), (hv[:, 2] > 1.5) & (hv[:, 0] < 1.5)
+    model = fit_token_gate(x, labels, kind, "gain", DIM, EOS)
+    assert model.regression and model.meta["train_gain_mean"] == pytest.approx(np.clip(impact, 0, None).mean())
+    s = model.token_scores(xv)
+    from scipy.stats import rankdata
+    pct = rankdata(s) / len(s)
+    assert pct[only_big].mean() > pct[only_small].mean() + 0.05 > pct[~(only_small | only_big)].mean() + 0.05
+    # in points: the big ones are predicted well above the small ones
+    assert np.median(s[only_big]) > np.median(s[only_small]) + 5
+    # the fast path equals the fitted model's own prediction, one row or many
+    inputs = xv if kind == "lightgbm" else model._inputs(xv)
+    np.testing.assert_allclose(s, model.clf.predict(inputs), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(model.token_scores(xv[:1]), s[:1], rtol=1e-5, atol=1e-6)
+
+
+def test_the_gain_target_needs_the_impact_column():
+    x, labels = _data(200, 0)
+    with pytest.raises(ValueError, match="impact column.*dvc repro traces"):
+        fit_token_gate(x, labels, "lightgbm", "gain", DIM, EOS)

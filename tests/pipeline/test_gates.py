@@ -69,3 +69,32 @@ def test_impact_weight_changes_the_critical_gates_only(tmp_path):
         scores[w] = {n: load_gate(p, n).model.token_scores(features_of(val)) for n in learned_names(p)}
     assert not np.allclose(scores[0.0]["tok-lightgbm-critical"], scores[0.5]["tok-lightgbm-critical"])
     np.testing.assert_array_equal(scores[0.0]["tok-lightgbm-mismatch"], scores[0.5]["tok-lightgbm-mismatch"])
+
+
+def test_the_gain_target_is_chosen_by_the_gain_it_captures_and_leads_as_the_first_target(tmp_path):
+    import numpy as np
+    from speccap.pipeline.dagger import round_gate
+    from speccap.pipeline.gates import captured, main_gate
+    p = params_from_dict({"models": {"dir": str(tmp_path)}, "gates": {
+        "targets": ["gain", "critical"], "kinds": ["logistic", "lightgbm"], "budgets": [0.05, 0.15],
+        "promote_budget": 0.15}})
+    train, val = shadow_table(0), shadow_table(1)
+    result = train_gates(p, train, val)
+    assert list(result["chosen"]) == ["gain", "critical"]
+    assert main_gate(result["chosen"]) == result["chosen"]["gain"] == round_gate(result)
+    gain = [n for n in learned_names(p) if n.endswith("-gain")]
+    share = {n: np.mean(list(result["gates"][n]["captured"]["0.15"].values())) for n in gain}
+    assert result["chosen"]["gain"] == max(gain, key=share.get)
+    for n in learned_names(p):
+        cap = result["gates"][n]["captured"]
+        for lang in ("en", "zh"):  # a share, and a bigger budget buys at least as much
+            assert 0 <= cap["0.05"][lang] <= cap["0.15"][lang] <= 1
+    # captured against an independent count: flag everything, capture everything; flag nothing, nothing
+    scores = np.arange(len(val), dtype=float)
+    assert captured(val, scores, [1.0])["1.0"] == {"en": 1.0, "zh": 1.0}
+    # a budget of 10%: the highest-scoring tenth of each language's tokens, counted here by sorting
+    gain_val = np.clip(val["impact"].to_numpy(float), 0, None)
+    en = (val["language"] == "en").to_numpy()
+    top = np.argsort(-scores[en])[:int(np.ceil(0.1 * en.sum()))]
+    expect = gain_val[en][top].sum() / gain_val[en].sum()
+    assert captured(val, scores, [0.1])["0.1"]["en"] == pytest.approx(expect)

@@ -2,8 +2,8 @@
 
 The first gates learn from the edge's own captions, but a deployed gate leaves that trajectory at
 its first correction, and the positions after it are states the first traces never showed. Each
-round therefore decodes train and validation clips with the current chosen gate (the critical
-target's, at the promote budget), traces the captions the loop committed (gating.shadow with
+round therefore decodes train and validation clips with the current chosen gate (the main
+target's, pipeline.gates.main_gate, at the promote budget), traces the captions the loop committed (gating.shadow with
 `committed`: what the edge drafted at every position, the cloud's rank of it, every mismatch judged
 by correcting it against keeping the draft, the edge finishing), adds the train traces to the
 training set and trains every gate again. Thresholds and the chosen classifiers come from the
@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pandas as pd
 
 from ..config import Params
-from .gates import gate_dir, roc_auc, train_gates
+from .gates import gate_dir, main_gate, roc_auc, train_gates
 from .sweep import Pool
 from .traces import DaggerSettings, collect, dagger_one, features_of, shadow_summary, trace_clips
 
@@ -31,9 +31,8 @@ DAGGER_DIR = Path("data/dagger")
 
 
 def round_gate(result: dict) -> str:
-    """The gate a round decodes with: the chosen gate of the critical target (else the first target's)."""
-    chosen = result["chosen"]
-    return chosen.get("critical") or next(iter(chosen.values()))
+    """The gate a round decodes with: the chosen gate of the main target (the first of gates.targets)."""
+    return main_gate(result["chosen"])
 
 
 def round_counts(params: Params) -> SimpleNamespace:

@@ -34,7 +34,7 @@ from pathlib import Path
 from ..config import Params, gate_decode
 from ..decoding.gates import VERIFY
 from ..metrics.bootstrap import ClipStats, gap_closed, interval
-from .gates import BLOCK_SUFFIX
+from .gates import BLOCK_SUFFIX, main_gate
 from .markdown import md_table
 from .quality_table import format_ci
 from .sweep import RunConfig
@@ -54,7 +54,7 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
     g = params.gates
     base = dict(rule=d.rule, rank=d.rank if d.rule == "rank" else 0)
     chosen = gates_json["chosen"]
-    main = chosen.get("critical") or next(iter(chosen.values()), None)  # the target the champion is meant for
+    main = main_gate(chosen) if chosen else None  # the first target's: the one the champion is meant for
     ranks = gates_json.get("verify_rank", {}).get("chosen", {})
     configs, tags = [], {}
     for lang in params.data.languages:
@@ -82,10 +82,10 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
                 cfg = RunConfig("ugsd", lang, name, float(thr), 0, token=g.verify, **tok)
                 tags[cfg] = {"gate_name": name, "budget": b, "detail": name != main}
                 configs.append(cfg)
-        # the other verification variant, for the critical gate at the promote budget: what the
+        # the other verification variant, for the main gate at the promote budget: what the
         # pending tokens add (same threshold, so it flags the same tokens and sends more)
         other = next(v for v in VERIFY if v != g.verify)
-        name = chosen.get("critical")
+        name = main
         if name and str(g.promote_budget) in gates_json["gates"][name]["thresholds"]:
             thr = gates_json["gates"][name]["thresholds"][str(g.promote_budget)][lang]
             cfg = RunConfig("ugsd", lang, name, float(thr), 0, token=other, **tok)
@@ -194,7 +194,8 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: li
             "over the test clips. Gap closed = (gate - edge) / (cloud - edge). Time on the papers' hardware "
             "(edge 2.10, cloud 24.16 tokens/s, params.link) counted in model steps; cloud steps = forwards "
             "per caption against cloud-only's (speccap/pipeline/gate_report.py says how).\n"
-            + (f"\nThe oracle, the per-token baselines and the critical-target gates run on all test clips; the "
+            + (f"\nThe oracle, the per-token baselines and the {params.gates.targets[0]}-target gates (the main "
+               "target's) run on all test clips; the "
                f"per-block baselines, the other targets and the other verification variant on the first "
                f"{params.gates.detail_clips} (`gates.detail_clips`, to keep `dvc repro` within its time budget): "
                "their intervals are wider, their gap shares are paired with edge and cloud on those clips, and "

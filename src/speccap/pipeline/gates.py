@@ -2,10 +2,15 @@
 
 For every (classifier, target) of params.gates: fit on the train traces (the critical target with
 each critical token weighted by its impact, gates.impact_weight); on the validation traces
-measure how well it ranks mismatches and critical mismatches (ROC AUC), draw its calibration,
-list its feature importances, and pick each language's threshold for every budget rho* (the
-share of validation tokens it flags). Per target the classifier with the best validation AUC
-on that target is `chosen` (the one the test evaluation runs). The rule baselines get thresholds
+measure how well it ranks mismatches and critical mismatches (ROC AUC) and what share of the
+quality its flags would buy at each budget (`captured`: the gain of the tokens it flags over the
+gain of all, per language), draw its calibration, list its feature importances, and pick each
+language's threshold for every budget rho* (the share of validation tokens it flags). Per target
+one classifier is `chosen` (the one the test evaluation runs): for `critical` and `mismatch` the
+best validation AUC on that target, for `gain` (a regression: no class to rank) the most gain
+captured at gates.promote_budget, averaged over the languages. The first target of
+gates.targets is the main one (`main_gate`): DAgger decodes with its chosen gate, the verify-R
+choice and the test evaluation's full-size rows use it. The rule baselines get thresholds
 for the same budgets from the same traces: `entropy` per token, and `entropy-block` per block of
 gates.traces.block_len tokens (UGSD's gate; the traces' caption cut into blocks as the loop would
 draft them while it escalates nothing). Each learned gate is saved as models/gates/<name>.pkl
@@ -26,7 +31,7 @@ from ..config import Params
 from ..gating.features import TOKEN_SCALARS
 from ..gating.learned import LearnedGate, rule_token_scores, threshold_for_budget
 from ..gating.token_gates import (LearnedTokenGate, TokenGateModel, fit_token_gate, impact_weights,
-                                  threshold_for_share)
+                                  target_values, threshold_for_share)
 from .traces import features_of
 
 BLOCK_SUFFIX = "-block"
@@ -38,6 +43,25 @@ def gate_dir(params: Params) -> Path:
 
 def learned_names(params: Params) -> list[str]:
     return [f"tok-{k}-{t}" for k in params.gates.kinds for t in params.gates.targets]
+
+
+def main_gate(chosen: dict[str, str]) -> str:
+    """The chosen gate of the main target: the first of gates.targets (`chosen` keeps their order)."""
+    return next(iter(chosen.values()))
+
+
+def captured(val: pd.DataFrame, scores: np.ndarray, budgets) -> dict[str, dict[str, float]]:
+    """budget -> language -> the share of the validation tokens' gain (impact > 0) held by the tokens
+    the gate flags at that budget's threshold: what its flags would buy, in the traces' terms."""
+    gain = target_values(val, "gain")
+    out = {str(b): {} for b in budgets}
+    for lang in sorted(val["language"].unique()):
+        mask = (val["language"] == lang).to_numpy()
+        total = float(gain[mask].sum())
+        for b in budgets:
+            flagged = scores[mask] > threshold_for_share(scores[mask], b)
+            out[str(b)][lang] = float(gain[mask][flagged].sum()) / total if total > 0 else 0.0
+    return out
 
 
 def is_learned(name: str) -> bool:
@@ -56,7 +80,7 @@ def importances(model: TokenGateModel) -> pd.DataFrame | None:
         vals = np.asarray(model.clf.booster_.feature_importance("gain"), dtype=float)
     elif model.kind == "logistic":
         cols = cols[:len(TOKEN_SCALARS)] + cols[len(TOKEN_SCALARS) + 1:]  # it does not read the raw id
-        vals = np.asarray(model.clf[-1].coef_[0], dtype=float)
+        vals = np.asarray(model.clf[-1].coef_, dtype=float).reshape(-1)
     else:
         return None
     return pd.DataFrame({"feature": cols, "importance": vals}).sort_values("importance", key=np.abs, ascending=False)
@@ -113,13 +137,15 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
                              "params gates.traces.train_clips, then dvc repro traces)") from exc
         s = model.token_scores(x_val)
         thresholds = _thresholds(val, s, g.budgets)
-        pred, frac = calibration_curve(y[target], s, n_bins=8, strategy="quantile")
-        curves[name] = (pred, frac)
+        if not model.regression:  # a probability: its reliability curve (a gain score is in points)
+            pred, frac = calibration_curve(y[target], s, n_bins=8, strategy="quantile")
+            curves[name] = (pred, frac)
         imp = importances(model)
         if imp is not None:
             imp.to_csv(out / f"{name}.importance.csv", index=False)
         entry = {"kind": kind, "target": target, "thresholds": thresholds, "auc_mismatch": roc_auc(y["mismatch"], s),
                  "auc_critical": roc_auc(y["critical"], s),
+                 "captured": captured(val, s, sorted({*g.budgets, g.promote_budget})),
                  "top_features": [] if imp is None else imp["feature"].head(5).tolist(), **model.meta}
         with open(out / f"{name}.pkl", "wb") as fh:
             pickle.dump({"model": model, "thresholds": thresholds, "name": name, "verify": g.verify,
@@ -127,7 +153,8 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
         result["gates"][name] = entry
     for target in g.targets:
         named = [n for n in learned_names(params) if n.endswith(f"-{target}")]
-        result["chosen"][target] = max(named, key=lambda n: result["gates"][n][f"auc_{target}"] or 0.0)
+        result["chosen"][target] = max(named, key=lambda n: _choice_key(result["gates"][n], target,
+                                                                         g.promote_budget))
     for rule in g.baselines:
         s = rule_token_scores(pd.DataFrame(x_val[:, :len(TOKEN_SCALARS)], columns=TOKEN_SCALARS), rule)
         result["gates"][rule] = {"kind": "rule", "target": "-", "level": "token",
@@ -139,6 +166,15 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
     calibration_plot(curves, out / "calibration.png")
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def _choice_key(entry: dict, target: str, budget: float) -> float:
+    """How a target's classifiers are ranked on validation: AUC on the target's labels, or for the
+    gain target (no labels to rank) the gain its flags capture at `budget`, mean over languages."""
+    if target == "gain":
+        per = entry["captured"][str(budget)]
+        return float(np.mean(list(per.values()))) if per else 0.0
+    return entry[f"auc_{target}"] or 0.0
 
 
 def _rule_units(rule: str, thresholds: dict) -> dict:

@@ -2,7 +2,9 @@
 
 Candidates and the current champion are compared on the same validation clips at the same budget
 (each gate's threshold for `gates.promote_budget`, its flagged tokens judged by the R it carries
-for the language): quality = BLEU-1 averaged over the languages.
+for the language). Score: the gates' two targets, BLEU-1 and the emotion hit rate (%), averaged
+per language and then over the languages; BLEU-1 alone where the clips carry no emotion label
+(the verify-R choice of pipeline.verify_rank ranks by the same mean).
 A candidate that is the champion already (same gate file) is not re-promoted; a candidate that is
 not strictly better leaves the alias where it is. The decision and its reason are returned (and
 recorded on the model version by the flow).
@@ -28,9 +30,17 @@ def validation_clips(params: Params) -> dict[str, list[dict]]:
             for lang in params.data.languages}
 
 
+def score_of(bleu1: float, emotion_hit_rate: float | None) -> float:
+    """A language's promotion score: the mean of BLEU-1 and the emotion hit rate, or BLEU-1 alone
+    without emotion labels."""
+    return bleu1 if emotion_hit_rate is None else (bleu1 + emotion_hit_rate) / 2
+
+
 def evaluate_gate(edge, cloud, gate, params: Params, clips: dict[str, list[dict]]) -> dict:
-    """BLEU-1 per language and on average, and rho, of UGSD with `gate` on the clips."""
-    out = {}
+    """Per language BLEU-1, emotion hit rate and score (score_of), their means over the languages
+    ("bleu1", "emotion_hit_rate" when every language has one, "score"), and rho, of UGSD with
+    `gate` on the clips."""
+    out, per = {}, {}
     rhos = []
     for lang, recs in clips.items():
         caps = []
@@ -42,30 +52,40 @@ def evaluate_gate(edge, cloud, gate, params: Params, clips: dict[str, list[dict]
             r = speculative(edge, cloud, mel, lang, settings, Link(params.link, seed=params.seed))
             caps.append(r.caption)
             rhos.append(r.metrics()["rho"])
-        s = score_captions(caps, [r["references"] for r in recs], lang)
-        out[lang] = s.bleu1
-    out["bleu1"] = statistics.fmean(out[lang] for lang in clips)
+        s = score_captions(caps, [r["references"] for r in recs], lang, [r.get("emotion") for r in recs])
+        per[lang] = {"bleu1": s.bleu1, "emotion_hit_rate": s.emotion_hit_rate,
+                     "score": score_of(s.bleu1, s.emotion_hit_rate)}
+    out["languages"] = per
+    for key in ("bleu1", "emotion_hit_rate", "score"):
+        vals = [v[key] for v in per.values()]
+        if vals and all(v is not None for v in vals):
+            out[key] = statistics.fmean(vals)
     out["rho"] = statistics.fmean(rhos) if rhos else 0.0
     return out
 
 
+def _describe(s: dict) -> str:
+    emotion = "" if s.get("emotion_hit_rate") is None else f", emotion hit {s['emotion_hit_rate']:.1f}%"
+    return f"score {s['score']:.2f} (BLEU-1 {s['bleu1']:.2f}{emotion}, rho {s['rho']:.3f})"
+
+
 def decide(candidates: dict[str, dict], champion: dict | None, champion_score: dict | None) -> dict:
-    """candidates: name -> {"bleu1", "rho", "gates_key"}; champion: {"tags": {"gate", "gates_key"}} or None.
-    Returns {"promote": name | None, "reason": str}."""
+    """candidates: name -> {"score", "bleu1", "rho", "gates_key"} (evaluate_gate's, emotion_hit_rate
+    optional); champion: {"tags": {"gate", "gates_key"}} or None. Returns {"promote": name | None,
+    "reason": str}."""
     if not candidates:
         return {"promote": None, "reason": "no candidate gates"}
-    best = max(candidates, key=lambda n: candidates[n]["bleu1"])
+    best = max(candidates, key=lambda n: candidates[n]["score"])
     b = candidates[best]
     if champion is None:
-        return {"promote": best, "reason": f"first champion: {best} BLEU-1 {b['bleu1']:.2f} at rho {b['rho']:.3f} "
-                                           "on validation"}
+        return {"promote": best, "reason": f"first champion: {best} {_describe(b)} on validation"}
     tags = champion.get("tags", {})
     if tags.get("gate") == best and tags.get("gates_key") == b.get("gates_key"):
         return {"promote": None, "reason": f"{best} is the champion already"}
-    c = champion_score or {"bleu1": float("-inf"), "rho": 0.0}
-    if b["bleu1"] > c["bleu1"]:
-        return {"promote": best, "reason": f"{best} BLEU-1 {b['bleu1']:.2f} (rho {b['rho']:.3f}) beats the champion "
-                                           f"(version {champion.get('version')}, {tags.get('gate')}) "
-                                           f"{c['bleu1']:.2f} (rho {c['rho']:.3f}) on validation at equal budget"}
-    return {"promote": None, "reason": f"{best} BLEU-1 {b['bleu1']:.2f} does not beat the champion "
-                                       f"(version {champion.get('version')}, {tags.get('gate')}) {c['bleu1']:.2f}"}
+    who = f"the champion (version {champion.get('version')}, {tags.get('gate')})"
+    if champion_score is None:
+        return {"promote": best, "reason": f"{best} {_describe(b)} replaces {who}, which could not be scored"}
+    if b["score"] > champion_score["score"]:
+        return {"promote": best, "reason": f"{best} {_describe(b)} beats {who} {_describe(champion_score)} "
+                                           "on validation at equal budget"}
+    return {"promote": None, "reason": f"{best} {_describe(b)} does not beat {who} {_describe(champion_score)}"}

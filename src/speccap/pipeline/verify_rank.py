@@ -7,7 +7,7 @@ edge exactly where it matters (on the embedded testbed: the quote's first word, 
 usual "The" is often the cloud's second choice). Greedy judgement (R = 1) replaces it instead, at
 the same escalations: the gate flags the same tokens, only the verdict differs. Whether that helps
 depends on the language and the models, so it is measured, not assumed: the chosen gate of the
-critical target (at its promote-budget thresholds) decodes the validation clips once per
+main target (pipeline.gates.main_gate, at its promote-budget thresholds) decodes the validation clips once per
 candidate R. The R with the highest mean of BLEU-1 and the emotion hit (the gates' two targets)
 on those clips wins, decode.rank on a tie: a hyperparameter chosen on validation like the
 thresholds and the classifier. The paired difference against decode.rank, with its 95% CI, is
@@ -31,7 +31,7 @@ from pathlib import Path
 from ..config import Params
 from ..data.manifest import manifest_path, read_manifest
 from ..metrics.bootstrap import ClipStats, difference, interval
-from .gates import gate_dir, learned_names
+from .gates import gate_dir, learned_names, main_gate
 from .markdown import md_table
 from .sweep import Pool, RunConfig, config_key, models_fingerprint, run_config, summarize
 
@@ -91,7 +91,7 @@ def choose_verify_rank(params: Params, params_path: str | None, gates_json: dict
     """Decode the validation clips with the critical target's chosen gate once per candidate R
     and choose R per language (module docstring). Returns what goes into gates.json."""
     ranks, default = candidate_ranks(params), default_rank(params)
-    name = gates_json["chosen"].get("critical") or next(iter(gates_json["chosen"].values()))
+    name = main_gate(gates_json["chosen"])
     thresholds = gates_json["gates"][name]["thresholds"][str(params.gates.promote_budget)]
     out = {"gate": name, "budget": params.gates.promote_budget, "default": default, "candidates": ranks,
            "chosen": {}, "validation": {}}
