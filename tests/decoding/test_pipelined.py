@@ -73,8 +73,11 @@ def test_round_trips_hide_behind_drafting_when_the_drafts_hold(pair, audio):
     assert blocking.rounds >= 4
     assert blocking.total_time >= blocking.rounds * rtt  # a round trip per block
     # pipelined: the round trips overlap; the edge waits about one of them (plus queueing on the
-    # 2 Mbps uplink), not one per block
-    assert piped.total_time < blocking.total_time / 2
+    # 2 Mbps uplink), not one per block. Compared net of compute: compute is measured wall time and
+    # swells on a loaded machine, the network part is the emulated link's
+    blocking_network = blocking.total_time - blocking.edge_compute - blocking.cloud_compute
+    assert blocking_network >= blocking.rounds * rtt
+    assert piped.wait_time < blocking_network / 2
     assert piped.total_time < piped.edge_compute + 2 * rtt + piped.cloud_compute + 0.2
     assert 0 < piped.wait_time <= piped.total_time
     # at most one block in flight: the edge stalls at every escalation after the first
