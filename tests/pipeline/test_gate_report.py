@@ -94,6 +94,11 @@ def test_detail_configs_run_on_fewer_clips_and_pair_with_edge_and_cloud_on_those
     assert got["tok-lightgbm-critical"]["gap_closed_bleu1"]["value"] == pytest.approx(
         gap_closed(edge, gate, cloud, "bleu1")["value"])
     assert "the first 3 (`gates.detail_clips`" in (tmp_path / "gates.md").read_text()
+    # the time ratio comes with its parts, which add up to it, in the record and in the target line
+    parts = got["tok-lightgbm-critical"]["papers_x_edge_parts"]
+    assert sum(parts.values()) == pytest.approx(got["tok-lightgbm-critical"]["papers_x_edge"])
+    line = next(x for x in r["languages"]["en"]["targets"]["lines"] if x.startswith("tok-lightgbm-critical"))
+    assert f"edge forwards {parts['edge']:.3f}" in line and f"link {parts['link']:.3f}" in line
     with pytest.raises(ValueError, match="not in these stats"):
         edge.subset(["nope"])
 
@@ -118,6 +123,19 @@ def test_papers_seconds_count_the_tokens_the_edge_fed():
     # the two flagged drafts the cloud replaced were never fed: two edge steps fewer
     assert papers_seconds(m | {"edge_fed": 10}, "ugsd") == pytest.approx(old - 2 / PAPER_EDGE_OTPS)
     assert papers_seconds(m, "edge") == pytest.approx(10 / PAPER_EDGE_OTPS)
+
+
+def test_the_time_ratio_splits_into_edge_cloud_and_link():
+    from speccap.pipeline.gate_report import PAPER_CLOUD_OTPS, PAPER_EDGE_OTPS, papers_parts, papers_seconds
+    m = {"tokens": 11, "edge_fed": 11, "rounds": 4, "link_time": 0.25}
+    parts = papers_parts(m, "ugsd")
+    assert parts == pytest.approx({"edge": 12 / PAPER_EDGE_OTPS, "cloud": 4 / PAPER_CLOUD_OTPS, "link": 0.25})
+    assert sum(parts.values()) == pytest.approx(papers_seconds(m, "ugsd"))
+    # a caption two tokens longer than edge-only's costs exactly two edge steps more
+    edge = papers_parts({"tokens": 9}, "edge")
+    assert parts["edge"] - edge["edge"] == pytest.approx(2 / PAPER_EDGE_OTPS) and edge["cloud"] == edge["link"] == 0
+    cloud = papers_parts({"tokens": 9, "link_time": 0.1}, "cloud")
+    assert cloud == pytest.approx({"edge": 0.0, "cloud": 10 / PAPER_CLOUD_OTPS, "link": 0.1})
 
 
 def test_the_oracles_at_a_budget_are_configured_and_a_gate_is_held_against_the_largest_within_it():
