@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from speccap.config import load_params
 from speccap.pipeline.quality_table import METRICS, format_ci
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +91,6 @@ def render() -> str:
     if gates and gates.get("languages"):
         lines = [f"{lang}: {line}" for lang, r in gates["languages"].items() for line in r["targets"]["lines"]]
         clips = sorted({e["clips"] for r in gates["languages"].values() for v in r["gates"].values() for e in v})
-        from speccap.config import load_params
         main = load_params().gates.targets[0]  # the target whose chosen gate runs on every test clip
         out.append(f"\nToken gates at budgets rho* <= 0.1 (`reports/gates/gates.md`, 95% CIs; the {main}-target "
                    f"gates on all {clips[-1]} test clips, the other targets' on the first {clips[0]}; the "

@@ -201,11 +201,13 @@ def fit_token_gate(x: np.ndarray, labels: pd.DataFrame, kind: str, target: str, 
         raise ValueError(f"target {target!r} learns the traces' impact column, which these traces lack: trace again "
                          "(dvc repro traces)")
     y = target_values(labels, target)
+    regression = target in REGRESSION_TARGETS
     if (y > 0).all() or not (y > 0).any():
-        raise ValueError(f"the traces hold {len(y)} tokens with {int((y > 0).sum())} {target} ones: need both classes")
+        what = "with a positive gain" if regression else f"{target} ones"
+        raise ValueError(f"the traces hold {len(y)} tokens, {int((y > 0).sum())} {what}: need both classes "
+                         "(trace more clips: params gates.traces.train_clips)")
     if sample_weight is not None and len(sample_weight) != len(y):
         raise ValueError(f"sample weights: {len(sample_weight)} for {len(y)} rows")
-    regression = target in REGRESSION_TARGETS
     model = TokenGateModel(kind, target, dim, eos, _classifier(kind, seed, regression))
     rate = "mean" if regression else "rate"
     model.meta = {"train_tokens": int(len(y)), f"train_{target}_{rate}": float(y.mean())}

@@ -52,6 +52,12 @@ class ClipStats:
         return ClipStats(list(ids), {k: v[rows] for k, v in self.columns.items()})
 
 
+def bleu1_emotion(bleu1, emotion_hit_rate):
+    """The token gates' two targets in one figure: the mean of BLEU-1 and the emotion hit rate (%);
+    scalars or arrays of bootstrap draws alike (promotion and the verify-R choice rank by it)."""
+    return (bleu1 + emotion_hit_rate) / 2
+
+
 def _metric(stats: ClipStats, key: str, idx: np.ndarray) -> np.ndarray:
     """The metric on each resample; idx (B, n) indexes clips (a single row = one estimate)."""
     c = stats.columns
@@ -64,8 +70,8 @@ def _metric(stats: ClipStats, key: str, idx: np.ndarray) -> np.ndarray:
             return 100.0 * bp * np.where(count > 0, match / np.maximum(count, 1e-12), 0.0)
     if key == "quality":  # the WISV report's single figure: the mean of BLEU-1, METEOR and ROUGE-L
         return (_metric(stats, "bleu1", idx) + _metric(stats, "meteor", idx) + _metric(stats, "rouge_l", idx)) / 3
-    if key == "bleu1_emotion":  # the token gates' two targets in one figure: mean of BLEU-1 and emotion hit (%)
-        return (_metric(stats, "bleu1", idx) + _metric(stats, "emotion_hit_rate", idx)) / 2
+    if key == "bleu1_emotion":
+        return bleu1_emotion(_metric(stats, "bleu1", idx), _metric(stats, "emotion_hit_rate", idx))
     col = MEAN_KEYS.get(key)
     if col is None or col not in c:
         raise KeyError(f"no per-clip {key!r} to bootstrap (have {sorted(c)})")

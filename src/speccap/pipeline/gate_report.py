@@ -166,14 +166,15 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: li
             # a row run on fewer clips (gates.detail_clips) is paired with edge and cloud on those clips
             e_s, c_s = (edge, cloud) if s.ids == edge.ids else (edge.subset(s.ids), cloud.subset(s.ids))
             rho = m.get("corrected", 0.0) / m["drafted"] if oracle and m.get("drafted") else m.get("rho", 0.0)
+            parts = papers_parts(m, "ugsd")
+            papers_time = sum(parts.values())
             entry = {"budget": c["budget"], "rho": rho, "clips": len(s.ids), "threshold": c["threshold"], "total_time": m["total_time"],
                      "cloud_compute": m.get("cloud_compute", 0.0), "edge_compute": m.get("edge_compute", 0.0),
-                     "papers_time": papers_seconds(m, "ugsd"),
-                     "papers_x_edge": papers_seconds(m, "ugsd") / edge_time if edge_time else None,
+                     "papers_time": papers_time,
+                     "papers_x_edge": papers_time / edge_time if edge_time else None,
                      # the ratio's parts: the edge's forwards (x edge-only's: the caption's length), the
                      # cloud's forwards and the link, each over edge-only's time
-                     "papers_x_edge_parts": {k: v / edge_time for k, v in papers_parts(m, "ugsd").items()}
-                     if edge_time else None,
+                     "papers_x_edge_parts": {k: v / edge_time for k, v in parts.items()} if edge_time else None,
                      "cloud_compute_vs_cloud_only": m.get("rounds", 0.0) / (cm["tokens"] + 1)}
             for k in keys:
                 entry[k] = interval(s, k)

@@ -20,6 +20,7 @@ from ..data.manifest import manifest_path, read_manifest
 from ..decoding.engine import settings_from_params, speculative
 from ..decoding.link import Link
 from ..decoding.verify import rule_for_gate
+from ..metrics.bootstrap import bleu1_emotion
 from ..metrics.caption import score_captions
 
 
@@ -33,7 +34,7 @@ def validation_clips(params: Params) -> dict[str, list[dict]]:
 def score_of(bleu1: float, emotion_hit_rate: float | None) -> float:
     """A language's promotion score: the mean of BLEU-1 and the emotion hit rate, or BLEU-1 alone
     without emotion labels."""
-    return bleu1 if emotion_hit_rate is None else (bleu1 + emotion_hit_rate) / 2
+    return bleu1 if emotion_hit_rate is None else bleu1_emotion(bleu1, emotion_hit_rate)
 
 
 def evaluate_gate(edge, cloud, gate, params: Params, clips: dict[str, list[dict]]) -> dict:

@@ -88,7 +88,7 @@ def validation_clips(params: Params, lang: str) -> list[dict]:
 
 def choose_verify_rank(params: Params, params_path: str | None, gates_json: dict, out_dir: Path = VERIFY_RANK_DIR,
                        workers: int | None = None, progress=None) -> dict:
-    """Decode the validation clips with the critical target's chosen gate once per candidate R
+    """Decode the validation clips with the main target's chosen gate once per candidate R
     and choose R per language (module docstring). Returns what goes into gates.json."""
     ranks, default = candidate_ranks(params), default_rank(params)
     name = main_gate(gates_json["chosen"])
