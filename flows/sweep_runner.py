@@ -14,18 +14,19 @@ from tqdm import tqdm
 
 from speccap.config import Params
 from speccap.fanout import WorkerDied
-from speccap.pipeline.sweep import (Pool, RunConfig, config_key, link_config, models_fingerprint, run_config,
-                                   summarize)
+from speccap.pipeline.sweep import (Pool, RunConfig, config_key, link_config, models_fingerprint, relink_source,
+                                   run_config, summarize)
 from speccap.tracking import Tracker
 
 _POOL: dict = {}
 
 
 @task(name="sweep-config", retries=1, retry_delay_seconds=1)
-def sweep_config(cfg: RunConfig, key: str, clips: list[dict], runs_dir: str) -> dict:
+def sweep_config(cfg: RunConfig, key: str, clips: list[dict], runs_dir: str, relink_from=None) -> dict:
     # a retry resumes: records already on disk are not captioned again
     bar = tqdm(total=len(clips), desc=cfg.name, unit="clip", leave=False)
-    records = run_config(cfg, clips, _POOL["pool"], Path(runs_dir) / f"{key}.jsonl", progress=bar.update)
+    records = run_config(cfg, clips, _POOL["pool"], Path(runs_dir) / f"{key}.jsonl", progress=bar.update,
+                         relink_from=relink_from)
     bar.close()
     return summarize(cfg, records, clips)
 
@@ -40,6 +41,10 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
     fp = models_fingerprint(params) + extra_fp
     clips_of = {c: (clips(c) if callable(clips) else clips[c.language]) for c in configs}
     keys = {c: config_key(c, params, fp, [x["id"] for x in clips_of[c]]) for c in configs}
+    # a configuration whose captions do not depend on the channel is decoded on one channel and
+    # relinked onto the others (its source runs first; on Dask every configuration decodes)
+    sources = {c: s for c in configs if (s := relink_source(c, params)) in keys and clips_of[s] == clips_of[c]}
+    configs = sorted(configs, key=lambda c: c in sources)
     sweep_key = hashlib.sha256(json.dumps([stage] + sorted(keys.values())).encode()).hexdigest()[:12]
     tracker = Tracker(params.tracking.uri, params.tracking.experiment)
     summary = {"sweep_key": sweep_key, "models": fp, "tracking_uri": tracker.uri, "configs": []}
@@ -67,7 +72,11 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
                     "clips": len(clips_of[cfg]), "max_new_tokens": params.models.max_new_tokens}
                 try:
                     if on_dask is None:
-                        metrics = sweep_config(cfg, key, clips_of[cfg], runs_dir)
+                        relink_from = ((Path(runs_dir) / f"{keys[sources[cfg]]}.jsonl", link, params.seed)
+                                       if cfg in sources else None)
+                        metrics = sweep_config(cfg, key, clips_of[cfg], runs_dir, relink_from)
+                        if cfg in sources:
+                            row["relinked_from"] = keys[sources[cfg]]
                     elif isinstance(on_dask[key], dict):
                         metrics = on_dask[key]["metrics"]
                         row["worker"] = on_dask[key]["worker"]

@@ -101,6 +101,10 @@ def test_wisv_settings_are_checked_and_named():
         params_from_dict({"wisv": {"tau": 2.0}})
     with pytest.raises(ConfigError, match="wisv.critical_weight"):
         params_from_dict({"wisv": {"critical_weight": -1.0}})
+    for bad in ([1, 2], [2, 2], []):  # R = 1 is greedy, already in the evaluation
+        with pytest.raises(ConfigError, match="wisv.verify_ranks"):
+            params_from_dict({"wisv": {"verify_ranks": bad}})
+    assert params_from_dict({"wisv": {"verify_ranks": [3, 2]}}).wisv.verify_ranks == (3, 2)
     with pytest.raises(ConfigError, match="wisv.channels.slow"):
         params_from_dict({"wisv": {"channels": {"slow": {"uplink_mbps": 0.0}}}})
     with pytest.raises(ConfigError, match="wisv.channels.slow.rtt"):

@@ -293,6 +293,8 @@ class WisvParams:
     protocol: str = "auto"  # full | selective | auto (per round, on the link model)
     registry_name: str = "speccap-wisv-head"
     block_lens: tuple[int, ...] = (4, 8)  # draft windows of the evaluation
+    # rank-R rules of the evaluation (R = 1 is greedy): the frontier WISV is compared with at its AAL
+    verify_ranks: tuple[int, ...] = (2, 3)
     eval_clips: int = 50  # test clips per language (0 = all)
     channels: dict[str, LinkConfig] = field(default_factory=_wisv_channels)
 
@@ -505,6 +507,8 @@ def _validate(p: Params) -> None:
             or w.traces.block_len < 1 or not w.channels:
         raise ConfigError("params keys wisv.csi_draws, wisv.hidden, wisv.epochs, wisv.block_lens, "
                           "wisv.traces.block_len must be >= 1 and wisv.channels non-empty")
+    if not w.verify_ranks or min(w.verify_ranks) < 2 or len(set(w.verify_ranks)) != len(w.verify_ranks):
+        raise ConfigError(f"params key wisv.verify_ranks: distinct R >= 2 (R = 1 is greedy), got {list(w.verify_ranks)}")
     for name, ch in w.channels.items():
         if ch.uplink_mbps <= 0 or ch.downlink_mbps <= 0 or ch.rtt_ms < 0 or not 0 <= ch.packet_error_rate < 1:
             raise ConfigError(f"params key wisv.channels.{name}: rates must be > 0, RTT >= 0, loss in [0, 1)")

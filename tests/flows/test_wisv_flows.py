@@ -83,6 +83,16 @@ def test_wisv_chain_end_to_end(own_project, tmp_path):
     rules = {(c["language"], c.get("channel"), c["rule"]) for c in summary["configs"] if c["method"] == "ugsd"}
     assert rules == {(lang, ch, r) for lang in ("en", "zh") for ch in ("fast", "markov")
                      for r in ("greedy", "rank", "wisv")}
+    # greedy and rank on markov are the fast channel's captions relinked, not decoded again
+    by_key = {c["config_id"]: c for c in summary["configs"]}
+    relinked = [c for c in summary["configs"] if c.get("relinked_from")]
+    assert {(c["language"], c["channel"], c["rule"]) for c in relinked} == {
+        (lang, "markov", r) for lang in ("en", "zh") for r in ("greedy", "rank")}
+    for c in relinked:
+        src = by_key[c["relinked_from"]]
+        assert (src["channel"], src["rule"], src["language"]) == ("fast", c["rule"], c["language"])
+        assert src["metrics"]["bleu1"] == c["metrics"]["bleu1"] and src["metrics"]["bytes_up"] == c["metrics"]["bytes_up"]
+        assert c["metrics"]["link_time"] > src["metrics"]["link_time"]  # 4 Mbps and 20 ms against 500 and 5
     # each channel's runs are logged with that channel's link
     runs = [r for r in tracker.runs() if r["params"].get("channel") == "fast"]
     assert runs and {r["params"]["uplink_mbps"] for r in runs} == {"500.0"}

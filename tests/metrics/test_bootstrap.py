@@ -89,3 +89,20 @@ def test_relative_quality_change_over_pairs_and_pooled_over_languages():
     assert width(pooled) <= max(width(two), width(other)) + 1e-9
     with pytest.raises(ValueError, match="same clips"):
         mean_relative_change([(mid, ClipStats(IDS[::-1], good.columns))], "quality")
+
+
+def test_a_time_shared_mix_scores_the_weighted_figure_of_its_parts():
+    from speccap.metrics.bootstrap import Mix, mean_relative_change
+    s_mid, mid = _stats(MID)
+    s_good, good = _stats(GOOD)
+    q = lambda s: (s.bleu1 + s.meteor + s.rouge_l) / 3  # noqa: E731
+    mix = Mix([(mid, 0.25), (good, 0.75)])
+    assert interval(mix, "quality")["value"] == pytest.approx(0.25 * q(s_mid) + 0.75 * q(s_good))
+    # GOOD against a mix leaning on MID gains more than against one leaning on GOOD
+    lean_mid = mean_relative_change([(good, Mix([(mid, 0.75), (good, 0.25)]))], "quality")
+    lean_good = mean_relative_change([(good, mix)], "quality")
+    assert lean_mid["value"] > lean_good["value"] > 0 and lean_good["ci_low"] > 0
+    with pytest.raises(ValueError, match="summing to 1"):
+        Mix([(mid, 0.5), (good, 0.6)])
+    with pytest.raises(ValueError, match="same clips"):
+        Mix([(mid, 0.5), (ClipStats(IDS[::-1], good.columns), 0.5)])

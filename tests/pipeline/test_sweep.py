@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -130,8 +131,9 @@ def test_wisv_configurations_run_on_their_channel_and_old_keys_stay():
     p = params_from_dict({"wisv": {"block_lens": [4]}, "data": {"languages": ["en"]}})
     configs = wisv_configs(p)
     names = [c.name for c in configs if c.channel == "markov"]
-    assert names == ["ugsd-en-always-L4-greedy@markov", "ugsd-en-always-L4-rank2@markov", "ugsd-en-always-L4-wisv@markov"]
-    assert len(configs) == 2 + 3 * 5
+    assert names == ["ugsd-en-always-L4-greedy@markov", "ugsd-en-always-L4-rank2@markov",
+                     "ugsd-en-always-L4-rank3@markov", "ugsd-en-always-L4-wisv@markov"]
+    assert len(configs) == 2 + 4 * 5
     wisv = next(c for c in configs if c.rule == "wisv" and c.channel == "up20-rtt5")
     assert link_config(p, wisv).rtt_ms == 5.0 and link_config(p, RunConfig("edge", "en")) == p.link
     # the channel is part of the key; a configuration without one hashes as before
@@ -141,6 +143,34 @@ def test_wisv_configurations_run_on_their_channel_and_old_keys_stay():
     assert "channel" not in plain.to_dict() and "tau" not in plain.to_dict()
     with pytest.raises(ValueError, match="no channel 'lunar'"):
         link_config(p, RunConfig("ugsd", "en", "always", None, 4, "greedy", channel="lunar"))
+
+
+def test_channel_free_configurations_relink_from_the_first_channel():
+    from speccap.pipeline.sweep import relink_source, relinkable
+    from speccap.pipeline.wisv import wisv_configs
+    p = params_from_dict({"wisv": {"block_lens": [4]}, "data": {"languages": ["en"]}})
+    configs = wisv_configs(p)
+    first = next(iter(p.wisv.channels))
+    sources = {c: relink_source(c, p) for c in configs}
+    # greedy and rank off the first channel relink from it; WISV reads the channel and decodes everywhere
+    assert {c.name for c, s in sources.items() if s is not None} == {
+        c.name for c in configs if c.rule in ("greedy", "rank") and c.channel != first}
+    assert all(s == dataclasses.replace(c, channel=first) for c, s in sources.items() if s is not None)
+    # the pipelined loop, a window the policy picks, or no named channel: decoded as before
+    for cfg in (RunConfig("ugsd", "en", "always", None, 4, "greedy", in_flight=2, channel="markov"),
+                RunConfig("ugsd", "en", "always", None, 0, "greedy", channel="markov"),
+                RunConfig("ugsd", "en", "always", None, 4, "greedy")):
+        assert not relinkable(cfg) and relink_source(cfg, p) is None
+
+
+def test_relinking_needs_the_source_records(tiny_project, tmp_path):
+    from speccap.pipeline.sweep import Loaded, relinked
+    cfg = RunConfig("ugsd", "en", "always", None, 4, "greedy", channel="markov")
+    link = params_from_dict({}).wisv.channels["markov"]
+    with pytest.raises(RuntimeError, match="lacks 2 of its captions.*run that configuration first"):
+        run_config(cfg, [{"id": "a"}, {"id": "b"}], Loaded(), tmp_path / "m.jsonl",
+                   relink_from=(tmp_path / "absent.jsonl", link, 0))
+    assert list(relinked(cfg, [], tmp_path / "absent.jsonl", link, 0)) == []
 
 
 def _dies_on_one_clip(job):

@@ -84,6 +84,15 @@ def test_report_compares_each_rule_with_greedy_on_its_channel_and_window(tmp_pat
     assert choice["up20-rtt50"] == "full" and choice["up20-rtt5"] == "selective"
 
 
+def test_the_rank_frontier_time_shares_the_neighbouring_r():
+    from speccap.pipeline.wisv import frontier_point
+    pts = [(2.0, "greedy"), (4.0, "rank3"), (3.0, "rank2")]
+    assert frontier_point(pts, 2.25) == ([("greedy", 0.75), ("rank2", 0.25)], False)
+    assert frontier_point(pts, 3.5) == ([("rank2", 0.5), ("rank3", 0.5)], False)
+    assert frontier_point(pts, 1.5) == ([("greedy", 1.0)], False)  # below greedy: greedy itself
+    assert frontier_point(pts, 5.0) == ([("rank3", 1.0)], True)  # past the highest R: flagged
+
+
 def test_report_intervals_come_from_the_clips(tmp_path):
     from speccap.metrics.bootstrap import ClipStats
     params = params_from_dict({"data": {"languages": ["en"]}, "wisv": {"block_lens": [4], "eval_clips": 30}})
@@ -100,21 +109,24 @@ def test_report_intervals_come_from_the_clips(tmp_path):
     for cfg in wisv_configs(params):
         m = {"bleu1": 50.0, "meteor": 50.0, "rouge_l": 50.0, "tokens": 30.0, "total_time": 1.0, "accepted": 20.0,
              "corrected": 5.0, "rounds": 10.0, "aal": 2.0, "bleu1_ci_low": 48.0, "bleu1_ci_high": 52.0}
-        # WISV clearly worse than greedy on every clip, rank-R worse still
-        stats = clip_stats({"wisv": -3.0, "rank": -6.0}.get(cfg.rule, 0.0))
-        if cfg.rule in ("wisv", "rank"):
-            m = dict(m, aal={"wisv": 2.5, "rank": 2.0}[cfg.rule])
+        # WISV clearly worse than greedy on every clip; rank-R accepts more as R grows and loses more
+        label = f"rank{cfg.rank}" if cfg.rule == "rank" else cfg.rule
+        stats = clip_stats({"wisv": -2.0, "rank2": -6.0, "rank3": -9.0}.get(label, 0.0))
+        m = dict(m, aal={"greedy": 2.0, "wisv": 2.5, "rank2": 3.0, "rank3": 4.0}.get(label, 2.0))
         configs.append({"status": "FINISHED", "metrics": m, "clip_stats": stats, **cfg.to_dict()})
     r = build_wisv_report(params, {"configs": configs}, None, tmp_path)
     lo, hi = r["quality_pct_ci"]
     assert lo < hi < 0
     for d in r["deltas"]:
         assert d["quality_pct_ci"][1] < 0
-    # against rank-R: more acceptance and more quality, the interval above 0
+    # against rank-R at WISV's AAL (2.5: half greedy, half rank-2, about 3 points below greedy):
+    # WISV keeps more quality, the interval above 0
     (vs_rank,) = r["against_rank"]
-    assert vs_rank["aal_ratio"] == pytest.approx(1.25) and vs_rank["separated"]
+    assert vs_rank["aal_ratio"] == pytest.approx(1.0) and vs_rank["separated"] and vs_rank["beyond"] == 0
+    assert set(vs_rank["mixes"]) == {"0.50 greedy+0.50 rank2"}
     assert 0 < vs_rank["quality_pct_ci"][0] < vs_rank["quality_pct"] < vs_rank["quality_pct_ci"][1]
     md = (tmp_path / "wisv.md").read_text()
-    assert "30 clips, not all" in md and "50.0 [48.0, 52.0]" in md
-    assert "## WISV against rank-R (R = 2)" in md and "| en | 2.500 | 2.000 | 1.250 |" in md
+    assert "30 clips, not all" in md and "50.0 [48.0, 52.0]" in md and "x 4 rules per language" in md
+    assert "## WISV against rank-R at equal AAL" in md and "| en | 2.500 | 2.500 | 0.50 greedy+0.50 rank2" in md
+    assert "| en | markov | 4 | rank3 |" in md
     assert f"[{lo:+.1f}, {hi:+.1f}]" in md

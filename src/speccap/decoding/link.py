@@ -54,7 +54,11 @@ class Link:
         """Seconds for one packet (wire-format bytes) to arrive."""
         if self.tap is not None:
             self.tap(direction, payload)
-        nbytes = len(payload)
+        return self.transfer(len(payload), direction)
+
+    def transfer(self, nbytes: int, direction: str) -> float:
+        """Seconds for a packet of `nbytes` to arrive: what `send` charges, from the size alone
+        (decoding.relink replays a caption's packet sizes on another channel)."""
         rate = self._rate(direction)
         one = 8 * (nbytes + self.p.overhead_bytes) / rate
         seconds = self.rtt_s / 2 + one

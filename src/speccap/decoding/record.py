@@ -139,3 +139,5 @@ def charge(rec: CaptionRecord, clock: Clock, link: Link, direction: str, kind: s
     charged = max(seconds - link.rtt_s / 2, 0.0) if overlap else seconds
     clock.virtual += charged
     rec.link_time += charged
+    # what decoding.relink needs to put the same packets on another channel's clock
+    rec.packets[-1].update(overlap=overlap, charged=charged, at=clock.virtual)

@@ -52,6 +52,24 @@ class ClipStats:
         return ClipStats(list(ids), {k: v[rows] for k, v in self.columns.items()})
 
 
+@dataclass
+class Mix:
+    """A time-shared policy: each caption made by one of several methods, drawn with these weights;
+    its expected figure on a resample is the weighted sum of theirs (a baseline between two operating
+    points, e.g. rank-R verification at another rule's acceptance length)."""
+
+    parts: list[tuple[ClipStats, float]]
+
+    def __post_init__(self):
+        if not self.parts or abs(sum(w for _, w in self.parts) - 1) > 1e-9 or min(w for _, w in self.parts) < 0:
+            raise ValueError(f"a mix needs weights >= 0 summing to 1 (got {[w for _, w in self.parts]})")
+        _check_paired(*[s for s, _ in self.parts])
+
+    @property
+    def ids(self) -> list[str]:
+        return self.parts[0][0].ids
+
+
 def bleu1_emotion(bleu1, emotion_hit_rate):
     """The token gates' two targets in one figure: the mean of BLEU-1 and the emotion hit rate (%);
     scalars or arrays of bootstrap draws alike (promotion and the verify-R choice rank by it)."""
@@ -60,6 +78,8 @@ def bleu1_emotion(bleu1, emotion_hit_rate):
 
 def _metric(stats: ClipStats, key: str, idx: np.ndarray) -> np.ndarray:
     """The metric on each resample; idx (B, n) indexes clips (a single row = one estimate)."""
+    if isinstance(stats, Mix):
+        return sum(w * _metric(s, key, idx) for s, w in stats.parts)
     c = stats.columns
     if key == "bleu1":
         match, count = c["bleu1_match"][idx].sum(-1), c["bleu1_count"][idx].sum(-1)
@@ -92,7 +112,7 @@ def _interval(point: float, draws: np.ndarray) -> dict:
     return {"value": float(point), "ci_low": float(lo), "ci_high": float(hi)}
 
 
-def _check_paired(*stats: ClipStats) -> None:
+def _check_paired(*stats: "ClipStats | Mix") -> None:
     for s in stats[1:]:
         if s.ids != stats[0].ids:
             raise ValueError("paired bootstrap needs the same clips in the same order for every method "

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Params, load_params
+from ..config import LinkConfig, Params, load_params
 from ..fanout import WorkerPool
 from ..data.manifest import append_jsonl, manifest_path, read_jsonl, read_manifest
 from ..metrics.bootstrap import ClipStats, with_intervals
@@ -154,6 +154,23 @@ def link_config(params: Params, cfg: RunConfig):
     return params.wisv.channels[cfg.channel]
 
 
+def relinkable(cfg: RunConfig) -> bool:
+    """Whether a configuration's captions do not depend on its channel (decoding.relink): a named
+    channel, the blocking loop with a fixed window, the greedy or rank rule, a block-level gate."""
+    return (cfg.method == "ugsd" and cfg.channel is not None and cfg.rule in ("greedy", "rank")
+            and cfg.block_len > 0 and cfg.in_flight == 0 and cfg.level is None and cfg.token is None
+            and cfg.corrections is None)
+
+
+def relink_source(cfg: RunConfig, params: Params) -> RunConfig | None:
+    """The configuration whose records `cfg` relinks instead of decoding: the same one on the first
+    channel of wisv.channels (None for that one, and for what cannot be relinked)."""
+    first = next(iter(params.wisv.channels), None)
+    if not relinkable(cfg) or cfg.channel == first:
+        return None
+    return dataclasses.replace(cfg, channel=first)
+
+
 def wisv_fingerprint(params: Params) -> str:
     """Hash of the trained WISV head (its records change with it)."""
     from .wisv import head_path
@@ -169,6 +186,8 @@ def config_key(cfg: RunConfig, params: Params, models_fp: str, clip_ids: list[st
              params.models.max_new_tokens, params.seed, models_fp, clip_ids]
     if cfg.rule == "wisv":  # appended only here, so the keys of every other configuration stay as they were
         items += [params.wisv.protocol, params.wisv.tau, wisv_fingerprint(params)]
+    if relinkable(cfg):  # its records carry link_log (older ones did not)
+        items.append("link_log")
     blob = json.dumps(items, sort_keys=True, default=str)
     return f"{cfg.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
@@ -236,6 +255,9 @@ def caption_one(job: tuple[dict, str]) -> dict:
                 settings.rule = WISV(cached_head(params, _W), params.wisv.tau if cfg.tau is None else cfg.tau,
                                      params.wisv.protocol)
             rec = speculative(_W["edge"], _W["cloud"], mel, cfg.language, settings, link)
+            if relinkable(cfg):
+                from ..decoding.relink import link_log
+                return {"id": clip_id, "caption": rec.caption, **rec.metrics(), "link_log": link_log(rec.packets)}
         return {"id": clip_id, "caption": rec.caption, **rec.metrics()}
     except Exception as exc:  # noqa: BLE001 - recorded per caption; the configuration decides
         return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
@@ -291,8 +313,10 @@ class Pool:
         self.pool.close()
 
 
-def run_config(cfg: RunConfig, clips: list[dict], pool: Pool, path: Path, progress=None) -> list[dict]:
-    """Caption every clip not yet in `path` (appending each record as it comes); return all records."""
+def run_config(cfg: RunConfig, clips: list[dict], pool: Pool, path: Path, progress=None,
+               relink_from: tuple[Path, LinkConfig, int] | None = None) -> list[dict]:
+    """Caption every clip not yet in `path` (appending each record as it comes); return all records.
+    `relink_from` (records file, link, seed): relink that file's records onto the link instead of decoding."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()] if path.exists() else []
     have = {r["id"]: r for r in (read_jsonl(path, tolerate_partial_last_line=True) if lines else [])
@@ -302,12 +326,30 @@ def run_config(cfg: RunConfig, clips: list[dict], pool: Pool, path: Path, progre
         tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in have.values()), encoding="utf-8")
         os.replace(tmp, path)
     todo = [(cfg.to_dict(), c["id"]) for c in clips if c["id"] not in have]
-    for rec in pool.imap(todo):
+    made = pool.imap(todo) if relink_from is None else relinked(cfg, [job[1] for job in todo], *relink_from)
+    for rec in made:
         append_jsonl(path, rec)
         have[rec["id"]] = rec
         if progress is not None:
             progress()
     return [have[c["id"]] for c in clips]
+
+
+def relinked(cfg: RunConfig, clip_ids: list[str], source: Path, link: LinkConfig, seed: int):
+    """`cfg`'s records of `clip_ids` from the source configuration's records file, each relinked
+    onto `link` (a fresh link model per caption with the decode's seed, as caption_one makes)."""
+    from ..decoding.link import Link
+    from ..decoding.relink import relink
+    if not clip_ids:
+        return
+    have = {r["id"]: r for r in read_jsonl(source)} if source.exists() else {}
+    missing = [c for c in clip_ids if c not in have or "error" in have[c]]
+    if missing:
+        raise RuntimeError(f"{cfg.name}: relinks {source}, which lacks {len(missing)} of its captions "
+                           f"(first: {missing[0]}); run that configuration first")
+    for clip_id in clip_ids:
+        yield relink(have[clip_id], Link(link, seed=seed)) | {
+            "relinked_from": source.stem}
 
 
 def summarize(cfg: RunConfig, records: list[dict], clips: list[dict]) -> dict:

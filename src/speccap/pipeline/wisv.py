@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import Params
-from ..metrics.bootstrap import ClipStats, interval, mean_relative_change, pooled_mean
+from ..metrics.bootstrap import ClipStats, Mix, interval, mean_relative_change, pooled_mean
 from .gates import roc_auc
 from .markdown import md_table
 from .quality_table import format_ci
@@ -26,7 +26,6 @@ from .traces import TRACE_DIR
 
 WISV_TRACE_DIR = Path("data/wisv_traces")
 OUT = Path("reports/wisv")
-RULES = ("greedy", "rank", "wisv")
 # the WISV paper's headline against greedy verification (Qwen-family models, its channel set)
 PAPER = {"aal_gain_pct": 60.8, "rounds_change_pct": -37.3, "accuracy_loss_pct_below": 1.0}
 # a 7B model's last hidden size (Qwen2.5-Omni-7B's thinker), for the upload-protocol table
@@ -210,17 +209,29 @@ def _quality_plot(va: dict, p: np.ndarray, tau: float, path: Path) -> None:
 
 # ---- evaluation ----
 def wisv_configs(params: Params) -> list[RunConfig]:
-    """Edge-only and cloud-only (the quality references), then greedy, rank-R and WISV with every
-    block verified, per channel and draft window."""
+    """Edge-only and cloud-only (the quality references), then greedy, rank-R (each R of
+    wisv.verify_ranks) and WISV with every block verified, per channel and draft window. Greedy and
+    rank-R read nothing of the channel: the sweep decodes them on the first channel and relinks them
+    onto the others (pipeline.sweep.relink_source)."""
     w, configs = params.wisv, []
     for lang in params.data.languages:
         configs += [RunConfig("edge", lang), RunConfig("cloud", lang)]
         for ch in w.channels:
             for length in w.block_lens:
-                configs += [RunConfig("ugsd", lang, "always", None, length, "greedy", channel=ch),
-                            RunConfig("ugsd", lang, "always", None, length, "rank", params.decode.rank, channel=ch),
-                            RunConfig("ugsd", lang, "always", None, length, "wisv", channel=ch)]
+                configs += [RunConfig("ugsd", lang, "always", None, length, "greedy", channel=ch)]
+                configs += [RunConfig("ugsd", lang, "always", None, length, "rank", r, channel=ch)
+                            for r in w.verify_ranks]
+                configs += [RunConfig("ugsd", lang, "always", None, length, "wisv", channel=ch)]
     return configs
+
+
+def rule_label(rule: str, rank: int) -> str:
+    """A rule as the report names it: greedy, rank2, rank3, wisv."""
+    return f"rank{rank}" if rule == "rank" else rule
+
+
+def rules(params: Params) -> list[str]:
+    return ["greedy"] + [f"rank{r}" for r in params.wisv.verify_ranks] + ["wisv"]
 
 
 def _quality(m: dict) -> float:
@@ -240,15 +251,16 @@ def build_wisv_report(params: Params, summary: dict, head: dict | None = None, o
     stats: dict = {}  # per-clip numbers, for the paired intervals
     for c in ok:
         if c["method"] == "ugsd":
-            cell[(c["language"], c["channel"], c["block_len"], c["rule"])] = c["metrics"]
+            key = (c["language"], c["channel"], c["block_len"], rule_label(c["rule"], c.get("rank", 0)))
+            cell[key] = c["metrics"]
             if c.get("clip_stats"):
-                stats[(c["language"], c["channel"], c["block_len"], c["rule"])] = ClipStats.from_json(c["clip_stats"])
+                stats[key] = ClipStats.from_json(c["clip_stats"])
     rows, deltas = [], []
     for lang in params.data.languages:
         for ch in params.wisv.channels:
             for length in params.wisv.block_lens:
                 g = cell.get((lang, ch, length, "greedy"))
-                for rule in RULES:
+                for rule in rules(params):
                     m = cell.get((lang, ch, length, rule))
                     if m is None:
                         continue
@@ -282,7 +294,7 @@ def build_wisv_report(params: Params, summary: dict, head: dict | None = None, o
               "mean": {k: mean(k) for k in ("aal_pct", "rounds_pct", "rounds_floor_pct", "latency_pct",
                                             "quality_pct")},
               "quality_pct_ci": _mean_quality_ci(params, stats),
-              "against_rank": against_rank(params, cell, stats),
+              "against_rank": against_rank_frontier(params, cell, stats),
               "protocols": protocol_table(params, rows)}
     (out / "wisv.md").write_text(_markdown(params, result))
     _plot(params, rows, out / "wisv.png")
@@ -309,22 +321,49 @@ def _mean_quality_ci(params: Params, stats: dict) -> list[float] | None:
     return _ci(pooled_mean(per_lang)) if per_lang else None
 
 
-def against_rank(params: Params, cell: dict, stats: dict) -> list[dict]:
-    """WISV against rank-R verification per language: both accept more than greedy, so the question
-    is which buys more quality for its acceptance. The mean AAL of each over channels and windows
-    (equal AAL: their ratio near 1) and WISV's quality change against rank-R with its paired CI;
-    `separated` when that CI is above 0."""
+def frontier_point(points: list[tuple[float, str]], aal: float) -> tuple[list[tuple[str, float]], bool]:
+    """Rank-R verification at acceptance length `aal`: the two neighbouring rank rules (greedy is
+    R = 1) time-shared, the higher R on a share w = (aal - AAL_lo) / (AAL_hi - AAL_lo) of captions.
+    `points`: (AAL, rule) of each rank rule. Returns ([(rule, weight)], beyond): `beyond` when `aal`
+    lies past the highest AAL measured (then the highest R alone stands in, at a lower AAL)."""
+    pts = sorted(points)
+    if aal <= pts[0][0]:
+        return [(pts[0][1], 1.0)], False
+    for (a_lo, lo), (a_hi, hi) in zip(pts, pts[1:]):
+        if aal <= a_hi:
+            w = (aal - a_lo) / (a_hi - a_lo) if a_hi > a_lo else 1.0
+            return [(lo, 1 - w), (hi, w)], False
+    return [(pts[-1][1], 1.0)], True
+
+
+def against_rank_frontier(params: Params, cell: dict, stats: dict) -> list[dict]:
+    """WISV against rank-R verification at equal AAL, per language. Rank-R accepts more as R grows
+    and loses quality for it; between two R a time-shared mix reaches any AAL in between. On each
+    channel and window the mix at WISV's AAL is built (frontier_point) and WISV's quality change
+    against it taken paired on the same clips, averaged over channels and windows; `separated` when
+    its CI is above 0. `beyond`: (channel, window) pairs where WISV accepts more than the highest R."""
+    ranks = ["greedy"] + [f"rank{r}" for r in params.wisv.verify_ranks]
     out = []
     for lang in params.data.languages:
-        keys = [(lang, ch, n) for ch in params.wisv.channels for n in params.wisv.block_lens
-                if (lang, ch, n, "wisv") in cell and (lang, ch, n, "rank") in cell]
-        change = _quality_change(params, stats, lang, "rank")
-        if not keys or change is None:
+        pairs, aal_w, aal_mix, beyond, mixes = [], [], [], 0, []
+        for ch in params.wisv.channels:
+            for n in params.wisv.block_lens:
+                k = (lang, ch, n)
+                if any(k + (r,) not in stats for r in ranks + ["wisv"]):
+                    continue
+                a = cell[k + ("wisv",)]["aal"]
+                parts, past = frontier_point([(cell[k + (r,)]["aal"], r) for r in ranks], a)
+                pairs.append((stats[k + ("wisv",)], Mix([(stats[k + (r,)], w) for r, w in parts])))
+                aal_w.append(a)
+                aal_mix.append(sum(w * cell[k + (r,)]["aal"] for r, w in parts))
+                beyond += past
+                mixes.append("+".join(f"{w:.2f} {r}" for r, w in parts if w > 0))
+        if not pairs:
             continue
-        aal_w = float(np.mean([cell[k + ("wisv",)]["aal"] for k in keys]))
-        aal_r = float(np.mean([cell[k + ("rank",)]["aal"] for k in keys]))
-        out.append({"lang": lang, "aal_wisv": aal_w, "aal_rank": aal_r, "aal_ratio": aal_w / aal_r if aal_r else None,
-                    "quality_pct": change["value"], "quality_pct_ci": _ci(change),
+        change = mean_relative_change(pairs, "quality")
+        out.append({"lang": lang, "aal_wisv": float(np.mean(aal_w)), "aal_rank": float(np.mean(aal_mix)),
+                    "aal_ratio": float(np.mean(aal_w) / np.mean(aal_mix)), "mixes": mixes, "beyond": beyond,
+                    "pairs": len(pairs), "quality_pct": change["value"], "quality_pct_ci": _ci(change),
                     "separated": bool(change["ci_low"] > 0)})
     return out
 
@@ -409,14 +448,16 @@ def _markdown(params: Params, r: dict) -> str:
     return (
         "# WISV: CSI-aware acceptance vs greedy and rank-R verification\n\n"
         f"Every block verified (gate `always`), test clips ({params.wisv.eval_clips or 'all'} per language), "
-        f"upload protocol `{params.wisv.protocol}`, tau {params.wisv.tau:g}, rank-R with R = {params.decode.rank}. "
+        f"upload protocol `{params.wisv.protocol}`, tau {params.wisv.tau:g}, rank-R with R in "
+        f"{{{', '.join(str(x) for x in params.wisv.verify_ranks)}}}. "
         f"Channels: {chans}. Latency: modelled end to end per caption (measured compute + link model); "
         "throughput = tokens / latency; quality = mean of BLEU-1, METEOR and ROUGE-L (x100). Intervals: 95% paired "
         "bootstrap over the clips (the quality change against greedy: both on the same resampled clips). "
         + ("" if not params.wisv.eval_clips else
            f"{params.wisv.eval_clips} clips, not all, to keep `dvc repro` within its time budget: "
            f"{len(params.wisv.channels)} channels x "
-           f"{len(params.wisv.block_lens)} windows x 3 rules per language; the intervals are the wider for it. ")
+           f"{len(params.wisv.block_lens)} windows x {len(rules(params))} rules per language; the intervals are the "
+           "wider for it. ")
         + "\n\n"
         "## Side by side with the paper (WISV vs greedy verification)\n\n"
         + _table(["", "AAL", "rounds", "accuracy / quality"],
@@ -434,13 +475,16 @@ def _markdown(params: Params, r: dict) -> str:
            "short windows on short captions leave little to cut.")
         + "\n\n"
         "## Per channel and window\n\n" + main + "\n\n## WISV against greedy\n\n" + deltas + "\n"
-        + f"\n## WISV against rank-R (R = {params.decode.rank})\n\n"
-        "Both accept more than greedy verification; at about equal acceptance (AAL ratio near 1), does WISV keep "
-        "more quality? Mean over channels and windows; the quality change is paired on the same clips, and WISV "
-        "beats rank-R only when its CI is above 0.\n\n"
-        + _table(["lang", "AAL WISV", "AAL rank-R", "AAL ratio", "quality change vs rank-R % [95% CI]",
-                  "CI above 0"],
-                 [[a["lang"], a["aal_wisv"], a["aal_rank"], a["aal_ratio"],
+        + "\n## WISV against rank-R at equal AAL\n\n"
+        "Both accept more than greedy verification; at the same acceptance, does WISV keep more quality? Rank-R "
+        "accepts more as R grows (greedy is R = 1); two neighbouring R time-shared (the higher one on a share w of "
+        "the captions) reach any AAL between theirs, so on each channel and window WISV is compared with the mix at "
+        "its own AAL. The quality change is paired on the same clips and averaged over channels and windows; "
+        "WISV beats rank-R only when its CI is above 0. `beyond`: channel-window pairs where WISV accepts more than "
+        "the highest R measured, compared with that R alone (a lower AAL).\n\n"
+        + _table(["lang", "AAL WISV", "AAL rank mix", "mixes (channel x window)", "beyond",
+                  "quality change vs rank-R % [95% CI]", "CI above 0"],
+                 [[a["lang"], a["aal_wisv"], a["aal_rank"], "; ".join(a["mixes"]), f"{a['beyond']} of {a['pairs']}",
                    _with_ci(a["quality_pct"], a["quality_pct_ci"], signed=True), "yes" if a["separated"] else "no"]
                   for a in r.get("against_rank", [])]) + "\n"
         + head
@@ -469,10 +513,12 @@ def _plot(params: Params, rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, key, label in zip(axes, ("aal", "rounds", "latency"), ("AAL (tokens / round)", "rounds per caption",
                                                                    "latency per caption, s")):
-        for j, rule in enumerate(RULES):
+        names = rules(params)
+        width = 0.8 / len(names)
+        for j, rule in enumerate(names):
             vals = [np.mean([x[key] for x in rows if x["channel"] == ch and x["rule"] == rule and x["L"] == length]
                             or [np.nan]) for ch in chans]
-            ax.bar(np.arange(len(chans)) + (j - 1) * 0.27, vals, 0.27, label=rule)
+            ax.bar(np.arange(len(chans)) + (j - (len(names) - 1) / 2) * width, vals, width, label=rule)
         ax.set_xticks(np.arange(len(chans)))
         ax.set_xticklabels(chans, rotation=20, fontsize=8)
         ax.set_ylabel(label)
