@@ -1,6 +1,8 @@
-"""The fan-out shared by the decode and gate_eval stages: configurations over a worker pool,
-each one resumable (per-caption records on disk), logged as one nested MLflow run under the
-sweep's parent run, FAILED with its error without stopping the others."""
+"""The fan-out shared by the decode, gate_eval and wisv_eval stages: configurations over a worker
+pool, each one resumable (per-caption records on disk), logged as one nested MLflow run under the
+sweep's parent run, FAILED with its error without stopping the others. A configuration whose
+captions do not depend on its channel is relinked from the same one on the first channel
+(speccap.decoding.relink) instead of decoded."""
 
 from __future__ import annotations
 
