@@ -46,7 +46,7 @@ def captions(edge, cloud, head, clips, params, decode, client, info, link_cfg, p
     for i, (_, lang, mel) in enumerate(tqdm(clips, desc=f"wisv {protocol}", unit="clip")):
         def spec(with_head):
             s = settings_from_params(decode, params.models.max_new_tokens, params.seed)
-            s.rule = WISV(head if with_head else None, params.wisv.tau, protocol)
+            s.rule = WISV(head if with_head else None, params.wisv.tau, protocol, params.wisv.max_rank)
             return s
         got = caption_remote(edge, client, info, mel, lang, spec(False), Link(link_cfg, seed=i), "float32", "float32")
         n = got.network

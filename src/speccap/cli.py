@@ -109,7 +109,7 @@ def _wisv_rule(params, args):
     from .gating.wisv import load_head
     from .pipeline.wisv import head_path
     head = load_head(args.wisv_head or head_path(params))
-    return WISV(head, params.wisv.tau if args.tau is None else args.tau, params.wisv.protocol)
+    return WISV(head, params.wisv.tau if args.tau is None else args.tau, params.wisv.protocol, params.wisv.max_rank)
 
 
 def _print_caption(args, path, rec, mode: str, notes) -> None:
@@ -186,7 +186,8 @@ def _cmd_edge(args) -> int:
                 settings.rule = _champion_rule(settings, args)
             if args.rule == "wisv":  # the server holds the head; the edge sends tau, the channel and states
                 from .decoding.wisv import WISV
-                settings.rule = WISV(None, params.wisv.tau if args.tau is None else args.tau, params.wisv.protocol)
+                settings.rule = WISV(None, params.wisv.tau if args.tau is None else args.tau, params.wisv.protocol,
+                                     params.wisv.max_rank)
             rec = caption_remote(edge, client, info, mel, args.language, settings, Link(params.link, seed=args.seed),
                                  args.wire_dtype, args.wire_dtype, emulate=args.emulate_link)
             _print_caption(args, path, rec, "networked", clip.notes)

@@ -290,6 +290,7 @@ class WisvParams:
     # that reads the CSI beside the token and learns the relabeled target only
     critical_weight: float = 1.0
     tau: float = 0.5  # tolerate a mismatch when P(reject) < tau
+    max_rank: int = 0  # and only when the draft token is in the cloud's top max_rank (0 = no cap)
     protocol: str = "auto"  # full | selective | auto (per round, on the link model)
     registry_name: str = "speccap-wisv-head"
     block_lens: tuple[int, ...] = (4, 8)  # draft windows of the evaluation
@@ -507,6 +508,8 @@ def _validate(p: Params) -> None:
             or w.traces.block_len < 1 or not w.channels:
         raise ConfigError("params keys wisv.csi_draws, wisv.hidden, wisv.epochs, wisv.block_lens, "
                           "wisv.traces.block_len must be >= 1 and wisv.channels non-empty")
+    if w.max_rank < 0 or w.max_rank == 1:
+        raise ConfigError(f"params key wisv.max_rank: 0 (no cap) or >= 2, got {w.max_rank}")
     if not w.verify_ranks or min(w.verify_ranks) < 2 or len(set(w.verify_ranks)) != len(w.verify_ranks):
         raise ConfigError(f"params key wisv.verify_ranks: distinct R >= 2 (R = 1 is greedy), got {list(w.verify_ranks)}")
     for name, ch in w.channels.items():

@@ -57,7 +57,8 @@ class ScalarHead(DecisionHead):
 
 def test_a_head_that_reads_the_clouds_scalars_gets_them_at_each_asked_mismatch():
     from speccap.decoding.stats import cloud_scalars
-    rows = torch.randn(5, 10)
+    rows = torch.randn(5, 10, generator=torch.Generator().manual_seed(0))
+    rows[:, 9] = -10.0  # the cloud never wants to end here (an end mismatch would stop the questions)
     tops = rows.argmax(-1).tolist()
     draft = [tops[0], (tops[1] + 1) % 9, tops[2], (tops[3] + 2) % 9]  # mismatches at 1 and 3
     head = ScalarHead()
@@ -145,6 +146,35 @@ def test_tolerating_head_lengthens_accepted_runs_and_only_end_mismatches_are_rep
     wisv = _run(pair, mel, WISV(const(0.0), 0.5, "full"), observer=observe)
     assert wisv.tolerated > 0 and wisv.accepted / wisv.rounds > greedy.accepted / greedy.rounds
     assert all(eos in pair_ for pair_ in repaired)  # only end-of-caption mismatches were repaired
+
+
+def test_a_rank_cap_repairs_what_lies_outside_the_clouds_top_r(pair, mel):
+    def ranks_seen(store):
+        def observe(block, rows, verdict, committed, cloud_hidden):
+            store.append((verdict, block.tokens))
+        return observe
+
+    free_v: list = []
+    _run(pair, mel, WISV(const(0.0), 0.5, "full"), observer=ranks_seen(free_v))  # tolerates all it may
+    tolerated_ranks = sorted(r for v, _ in free_v for r in v.ranks[: v.accepted] if r > 1)
+    cap = tolerated_ranks[len(tolerated_ranks) // 2]  # about half the mismatches it tolerated lie above
+    seen: list = []
+    capped = _run(pair, mel, WISV(const(0.0), 0.5, "full", max_rank=cap), observer=ranks_seen(seen))
+    # a head that tolerates all, capped at R, is rank-R verification: the same captions and verdicts
+    rank_r = _run(pair, mel, Rank(cap))
+    assert capped.token_ids == rank_r.token_ids and (capped.rounds, capped.accepted) == (rank_r.rounds, rank_r.accepted)
+    assert capped.tolerated > 0
+    eos = pair[0].eos_token_id
+    repaired_above = 0
+    for v, tokens in seen:  # every tolerated token within the cloud's top R; a repaired one outside (or the end)
+        assert all(r <= cap for r in v.ranks[: v.accepted])
+        if v.corrected:
+            assert v.ranks[v.accepted] > cap or eos in (v.token, tokens[v.accepted])
+            repaired_above += v.ranks[v.accepted] > cap
+    assert repaired_above > 0  # the cap overruled the head
+    assert WISV(const(0.0), 0.5, "full", max_rank=3).r == 3 and WISV(const(0.0)).r == 1
+    with pytest.raises(ValueError, match="max_rank"):
+        WISV(const(0.0), 0.5, "full", max_rank=1)
 
 
 def test_the_channel_state_reaches_the_head(pair, mel):

@@ -44,17 +44,22 @@ def _packets(rec, kind):
     return [p["bytes"] for p in rec.packets if p["kind"] == kind]
 
 
-@pytest.mark.parametrize("protocol", ["full", "selective", "auto"])
-def test_networked_wisv_captions_equal_in_process(pair, clips, serve, client_for, head, protocol):
+@pytest.mark.parametrize("protocol,max_rank", [("full", 0), ("selective", 0), ("auto", 0), ("full", 10)])
+def test_networked_wisv_captions_equal_in_process(pair, clips, serve, client_for, head, protocol, max_rank):
     edge, cloud = pair
     client = client_for(serve(wisv_head=head))
     info = client.info()
     check_compatible(edge, info)
-    tolerated = asked = 0
+    tolerated = asked = capped = 0
     for _, mel in clips:
-        ref = speculative(edge, cloud, mel, "en", _wisv_settings(WISV(copy.deepcopy(head), TAU, protocol)), link())
-        got = caption_remote(edge, client, info, mel, "en", _wisv_settings(WISV(None, TAU, protocol)), link(),
-                             "float32", "float32")
+        ref = speculative(edge, cloud, mel, "en",
+                          _wisv_settings(WISV(copy.deepcopy(head), TAU, protocol, max_rank)), link())
+        if max_rank:  # the cap binds on these clips: without it the captions differ
+            free = speculative(edge, cloud, mel, "en", _wisv_settings(WISV(copy.deepcopy(head), TAU, protocol)), link())
+            capped += free.token_ids != ref.token_ids
+        # the rank cap travels in the OPEN packet: the server applies it
+        got = caption_remote(edge, client, info, mel, "en", _wisv_settings(WISV(None, TAU, protocol, max_rank)),
+                             link(), "float32", "float32")
         assert got.token_ids == ref.token_ids
         assert (got.rounds, got.accepted, got.corrected, got.bonus) == (ref.rounds, ref.accepted, ref.corrected,
                                                                        ref.bonus)
@@ -76,6 +81,7 @@ def test_networked_wisv_captions_equal_in_process(pair, clips, serve, client_for
             asked += got.hidden_requests
         assert net["link_model_time"] == pytest.approx(sum(p["seconds"] for p in got.packets))
     assert tolerated > 0  # the head let mismatches through: the captions are not greedy verification's
+    assert capped > 0 or not max_rank
     if protocol == "selective":
         assert asked > 0
     assert client.health()["sessions"] == 0

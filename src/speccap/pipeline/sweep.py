@@ -186,6 +186,8 @@ def config_key(cfg: RunConfig, params: Params, models_fp: str, clip_ids: list[st
              params.models.max_new_tokens, params.seed, models_fp, clip_ids]
     if cfg.rule == "wisv":  # appended only here, so the keys of every other configuration stay as they were
         items += [params.wisv.protocol, params.wisv.tau, wisv_fingerprint(params)]
+        if params.wisv.max_rank:  # added later: keys without a cap stay as they were
+            items.append(("max_rank", params.wisv.max_rank))
     if relinkable(cfg):  # its records carry link_log (older ones did not)
         items.append("link_log")
     blob = json.dumps(items, sort_keys=True, default=str)
@@ -253,7 +255,7 @@ def caption_one(job: tuple[dict, str]) -> dict:
                 from ..decoding.wisv import WISV
                 from .wisv import cached_head
                 settings.rule = WISV(cached_head(params, _W), params.wisv.tau if cfg.tau is None else cfg.tau,
-                                     params.wisv.protocol)
+                                     params.wisv.protocol, params.wisv.max_rank)
             rec = speculative(_W["edge"], _W["cloud"], mel, cfg.language, settings, link)
             if relinkable(cfg):
                 from ..decoding.relink import link_log

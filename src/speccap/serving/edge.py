@@ -80,7 +80,7 @@ class RemoteCloud:
 
     def _open(self, link: Link) -> None:
         rule = self.s.rule
-        # WISV: the server holds the head; its tau travels in the temperature field
+        # WISV: the server holds the head; its tau travels in the temperature field, its rank cap in rank
         temperature = rule.tau if rule.needs_hidden else getattr(rule, "temperature", 1.0)
         packet = packets.open_packet(self.features, self.language, rule.name, getattr(rule, "r", 1),
                                      temperature, self.s.seed, self.q_dtype, self.features_dtype)

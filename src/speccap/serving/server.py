@@ -196,7 +196,8 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
         if req.rule == "wisv":
             if wisv_head is None:
                 raise ServingError(422, "this server holds no WISV head (start it with --wisv-head)")
-            rule = WISV(wisv_head, req.temperature)  # the OPEN packet's temperature field is WISV's tau
+            # the OPEN packet's temperature field is WISV's tau, its rank field the rank cap (1: none)
+            rule = WISV(wisv_head, req.temperature, max_rank=req.rank if req.rank > 1 else 0)
         else:
             rule = make_rule(req.rule, req.rank, req.temperature)
         cloud = CloudSession(lm, req.features.astype("float32"), req.language, rule, req.seed)
