@@ -1,6 +1,7 @@
 """WISV within rank-R: the cap `wisv.max_rank` chosen on validation clips, then shown on test clips.
 
     python benchmarks/wisv_rank_cap.py [--params params.yaml] [--clips 100] [--caps 0 2 3 5] [--out reports/wisv_rank_cap]
+    python benchmarks/wisv_rank_cap.py --render reports/wisv_rank_cap.json   # the Markdown again, no run
 
 Where the pipeline ran (trained models and WISV head). For each language and split (validation, then
 test; the first --clips clips of each), one channel (the first of wisv.channels) and the longest
@@ -73,14 +74,43 @@ def compare(base: dict, variant: dict) -> dict:
             "mix": "+".join(f"{w:.2f} {r}" for r, w in parts if w > 0)}
 
 
+def render(out: dict, verify_ranks) -> str:
+    """The Markdown of a run's JSON."""
+    chosen = out["chosen"]
+    cap = lambda c: (f"**{c or 'none'}**" if c == chosen else str(c or "none"))  # noqa: E731
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) and abs(v) < 10 else (f"{v:.1f}" if isinstance(v, float) else str(v))  # noqa: E731
+    table = md_table(["split", "lang", "max_rank", "AAL", "AAL vs greedy %", "quality", "vs greedy % [95% CI]",
+                      "vs rank-R at equal AAL % [95% CI]", "rank mix"],
+                     [[r["split"], r["lang"], cap(r["max_rank"]), r["aal"], r["aal_pct"], r["quality"],
+                       f"{r['vs_greedy_pct']:+.1f} [{r['vs_greedy_ci'][0]:+.1f}, {r['vs_greedy_ci'][1]:+.1f}]",
+                       f"{r['vs_rank_pct']:+.1f} [{r['vs_rank_ci'][0]:+.1f}, {r['vs_rank_ci'][1]:+.1f}]",
+                       r["mix"] + (" (beyond)" if r["beyond"] else "")] for r in out["rows"]], fmt)
+    caps = sorted({r["max_rank"] for r in out["rows"]})
+    return ("# WISV within rank-R: the rank cap\n\n"
+            f"Made by `python benchmarks/wisv_rank_cap.py --clips {out['clips']} --caps {' '.join(map(str, caps))}`. "
+            f"WISV (tau {out['tau']:g}) tolerates a mismatch only when its head says so AND the draft token is in the "
+            f"cloud's top `max_rank` (none: the paper's rule, the head alone). Channel {out['channel']}, L = {out['L']}, "
+            f"every block verified, the first {out['clips']} clips of each split. Against greedy and against rank-R "
+            f"(R = 1, {', '.join(map(str, verify_ranks))}) time-shared to WISV's AAL, paired 95% bootstrap CIs over the "
+            "clips.\n\n"
+            "Chosen on validation (the highest quality change against the rank frontier, mean over languages): "
+            f"max_rank = {chosen or 'none'} ("
+            + ", ".join(f"{c if int(c) else 'none'}: {v:+.2f}" for c, v in out["val_score"].items()) + ").\n\n"
+            + table + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--clips", type=int, default=100)
     ap.add_argument("--caps", type=int, nargs="+", default=[0, 2, 3, 5])
     ap.add_argument("--out", type=Path, default=Path("reports/wisv_rank_cap"))
+    ap.add_argument("--render", type=Path, help="only write the Markdown of this JSON (next to it), no run")
     args = ap.parse_args()
     params = load_params(args.params)
+    if args.render:
+        args.render.with_suffix(".md").write_text(render(json.loads(args.render.read_text()), params.wisv.verify_ranks))
+        return
     _init_worker(args.params, 2)
     head = cached_head(params, _W)
     w = params.wisv
@@ -107,24 +137,7 @@ def main() -> None:
            "val_score": score, "rows": [{"split": s, "lang": lang, "max_rank": cap, **r}
                                         for (s, lang, cap), r in rows.items()]}
     args.out.with_suffix(".json").write_text(json.dumps(out, indent=1))
-    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) and abs(v) < 10 else (f"{v:.1f}" if isinstance(v, float) else str(v))  # noqa: E731
-    table = md_table(["split", "lang", "max_rank", "AAL", "AAL vs greedy %", "quality", "vs greedy % [95% CI]",
-                      "vs rank-R at equal AAL % [95% CI]", "rank mix"],
-                     [[r["split"], r["lang"], (f"**{r['max_rank']}**" if r["max_rank"] == chosen else r["max_rank"]) or
-                       ("none" if chosen else "**none**"), r["aal"], r["aal_pct"], r["quality"],
-                       f"{r['vs_greedy_pct']:+.1f} [{r['vs_greedy_ci'][0]:+.1f}, {r['vs_greedy_ci'][1]:+.1f}]",
-                       f"{r['vs_rank_pct']:+.1f} [{r['vs_rank_ci'][0]:+.1f}, {r['vs_rank_ci'][1]:+.1f}]",
-                       r["mix"] + (" (beyond)" if r["beyond"] else "")] for r in out["rows"]], fmt)
-    args.out.with_suffix(".md").write_text(
-        "# WISV within rank-R: the rank cap\n\n"
-        f"Made by `python benchmarks/wisv_rank_cap.py --clips {args.clips} --caps {' '.join(map(str, args.caps))}`. "
-        f"WISV (tau {w.tau:g}) tolerates a mismatch only when its head says so AND the draft token is in the cloud's "
-        f"top `max_rank` (none: the paper's rule, the head alone). Channel {channel}, L = {length}, every block "
-        f"verified, the first {args.clips} clips of each split. Against greedy and against rank-R (R = 1, "
-        f"{', '.join(map(str, w.verify_ranks))}) time-shared to WISV's AAL, paired 95% bootstrap CIs over the clips.\n\n"
-        f"Chosen on validation (the highest quality change against the rank frontier, mean over languages): "
-        f"max_rank = {chosen or 'none'} ("
-        + ", ".join(f"{c or 'none'}: {s:+.2f}" for c, s in score.items()) + ").\n\n" + table + "\n")
+    args.out.with_suffix(".md").write_text(render(out, w.verify_ranks))
     print(args.out.with_suffix(".md").read_text())
 
 

@@ -10,8 +10,8 @@ greedy verification. With tau = 0 the rule IS greedy verification. Mismatches ab
 caption (the draft ends it, or the cloud would end it) are never tolerated: the head was not
 trained to judge a caption's length. `max_rank` (> 1) caps what may be tolerated: a draft token
 outside the cloud's top `max_rank` is repaired whatever the head says (WISV within rank-R: the head
-chooses among the mismatches rank-R would accept; on the embedded testbed this keeps more quality
-per accepted token than either alone, reports/wisv_rank_cap.md).
+chooses among the mismatches rank-R would accept). On the embedded testbed's validation clips a cap
+helps en and costs zh more (reports/wisv_rank_cap.md), so the default is none.
 
 How the edge's hidden states travel is the upload protocol (decoding/wisv_upload.py): `full` sends
 them all with the token ids; `selective` sends the ids, the cloud asks for the mismatch positions

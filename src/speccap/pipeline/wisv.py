@@ -448,7 +448,9 @@ def _markdown(params: Params, r: dict) -> str:
     return (
         "# WISV: CSI-aware acceptance vs greedy and rank-R verification\n\n"
         f"Every block verified (gate `always`), test clips ({params.wisv.eval_clips or 'all'} per language), "
-        f"upload protocol `{params.wisv.protocol}`, tau {params.wisv.tau:g}, rank-R with R in "
+        f"upload protocol `{params.wisv.protocol}`, tau {params.wisv.tau:g}, WISV's rank cap "
+        f"{params.wisv.max_rank or 'none'} (`wisv.max_rank`: a mismatch outside the cloud's top R is repaired "
+        "whatever the head says; reports/wisv_rank_cap.md), rank-R with R in "
         f"{{{', '.join(str(x) for x in params.wisv.verify_ranks)}}}. "
         f"Channels: {chans}. Latency: modelled end to end per caption (measured compute + link model); "
         "throughput = tokens / latency; quality = mean of BLEU-1, METEOR and ROUGE-L (x100). Intervals: 95% paired "
