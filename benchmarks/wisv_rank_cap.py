@@ -33,19 +33,19 @@ from speccap.data.manifest import manifest_path, read_manifest  # noqa: E402
 from speccap.decoding.engine import settings_from_params, speculative  # noqa: E402
 from speccap.decoding.link import Link  # noqa: E402
 from speccap.decoding.wisv import WISV  # noqa: E402
-from speccap.metrics.bootstrap import ClipStats, Mix, interval, mean_relative_change  # noqa: E402
+from speccap.metrics.bootstrap import ClipStats, interval, mean_relative_change  # noqa: E402
 from speccap.metrics.caption import score_captions  # noqa: E402
 from speccap.pipeline.markdown import md_table  # noqa: E402
 from speccap.pipeline.sweep import _W, _init_worker  # noqa: E402
-from speccap.pipeline.wisv import cached_head, frontier_point  # noqa: E402
+from speccap.pipeline.wisv import cached_head, frontier_mix  # noqa: E402
 
 
-def decode(params, clips, lang: str, length: int, link_cfg, rule: str, rank: int = 1, make_rule=None) -> dict:
-    """Caption the clips; AAL over all rounds and the per-clip quality statistics."""
+def decode(params, clips, mels, lang: str, length: int, link_cfg, rule: str, rank: int = 1, make_rule=None) -> dict:
+    """Caption the clips (`mels`: their features, loaded once for every rule); AAL over all rounds
+    and the per-clip quality statistics."""
     settings_of = dataclasses.replace(params.decode, gate="always", block_len=length, rule=rule, rank=rank)
     caps, accepted, rounds = [], 0, 0
-    for c in tqdm(clips, desc=f"{lang} {rule}{rank if rule == 'rank' else ''}", leave=False):
-        mel, _ = load_clip_features(params.data.processed_dir, c["id"])
+    for c, mel in tqdm(list(zip(clips, mels)), desc=f"{lang} {rule}{rank if rule == 'rank' else ''}", leave=False):
         s = settings_from_params(settings_of, params.models.max_new_tokens, params.seed)
         if make_rule is not None:
             s.rule = make_rule()
@@ -64,14 +64,13 @@ def _ci(d: dict) -> list[float]:
 
 def compare(base: dict, variant: dict) -> dict:
     """A WISV variant against greedy and against the rank frontier at its AAL."""
-    parts, beyond = frontier_point([(b["aal"], name) for name, b in base.items()], variant["aal"])
-    vs_rank = mean_relative_change([(variant["stats"], Mix([(base[r]["stats"], w) for r, w in parts]))], "quality")
+    f = frontier_mix({name: (b["aal"], b["stats"]) for name, b in base.items()}, variant["aal"])
+    vs_rank = mean_relative_change([(variant["stats"], f["mix"])], "quality")
     vs_greedy = mean_relative_change([(variant["stats"], base["greedy"]["stats"])], "quality")
     return {"aal": variant["aal"], "aal_pct": 100 * (variant["aal"] / base["greedy"]["aal"] - 1),
             "quality": interval(variant["stats"], "quality")["value"],
             "vs_greedy_pct": vs_greedy["value"], "vs_greedy_ci": _ci(vs_greedy),
-            "vs_rank_pct": vs_rank["value"], "vs_rank_ci": _ci(vs_rank), "beyond": beyond,
-            "mix": "+".join(f"{w:.2f} {r}" for r, w in parts if w > 0)}
+            "vs_rank_pct": vs_rank["value"], "vs_rank_ci": _ci(vs_rank), "beyond": f["beyond"], "mix": f["label"]}
 
 
 def render(out: dict, verify_ranks) -> str:
@@ -120,11 +119,12 @@ def main() -> None:
     for split in ("val", "test"):
         for lang in params.data.languages:
             clips = read_manifest(manifest_path(params.data.processed_dir, split, lang))[: args.clips]
-            base = {"greedy": decode(params, clips, lang, length, link_cfg, "greedy")}
+            mels = [load_clip_features(params.data.processed_dir, c["id"])[0] for c in clips]
+            base = {"greedy": decode(params, clips, mels, lang, length, link_cfg, "greedy")}
             for r in w.verify_ranks:
-                base[f"rank{r}"] = decode(params, clips, lang, length, link_cfg, "rank", r)
+                base[f"rank{r}"] = decode(params, clips, mels, lang, length, link_cfg, "rank", r)
             for cap in args.caps:
-                v = decode(params, clips, lang, length, link_cfg, "greedy",
+                v = decode(params, clips, mels, lang, length, link_cfg, "greedy",
                            make_rule=lambda cap=cap: WISV(head, w.tau, "full", cap))
                 rows[(split, lang, cap)] = compare(base, v) | {"clips": len(clips)}
                 print(split, lang, cap, json.dumps({k: rows[(split, lang, cap)][k] for k in

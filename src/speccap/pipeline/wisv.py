@@ -230,8 +230,13 @@ def rule_label(rule: str, rank: int) -> str:
     return f"rank{rank}" if rule == "rank" else rule
 
 
+def rank_rules(params: Params) -> list[str]:
+    """The rank-R rules of the evaluation, greedy (R = 1) first."""
+    return ["greedy"] + [f"rank{r}" for r in params.wisv.verify_ranks]
+
+
 def rules(params: Params) -> list[str]:
-    return ["greedy"] + [f"rank{r}" for r in params.wisv.verify_ranks] + ["wisv"]
+    return rank_rules(params) + ["wisv"]
 
 
 def _quality(m: dict) -> float:
@@ -336,13 +341,22 @@ def frontier_point(points: list[tuple[float, str]], aal: float) -> tuple[list[tu
     return [(pts[-1][1], 1.0)], True
 
 
+def frontier_mix(ranks: dict[str, tuple[float, ClipStats]], aal: float) -> dict:
+    """Rank-R at acceptance length `aal` from `ranks` {rule: (AAL, per-clip stats)}: the time-shared
+    mix (frontier_point) as a bootstrap Mix, its AAL, whether `aal` lay beyond the highest R, and a
+    label ("0.40 greedy+0.60 rank2")."""
+    parts, beyond = frontier_point([(a, r) for r, (a, _) in ranks.items()], aal)
+    return {"mix": Mix([(ranks[r][1], w) for r, w in parts]), "aal": sum(w * ranks[r][0] for r, w in parts),
+            "beyond": beyond, "label": "+".join(f"{w:.2f} {r}" for r, w in parts if w > 0)}
+
+
 def against_rank_frontier(params: Params, cell: dict, stats: dict) -> list[dict]:
     """WISV against rank-R verification at equal AAL, per language. Rank-R accepts more as R grows
     and loses quality for it; between two R a time-shared mix reaches any AAL in between. On each
     channel and window the mix at WISV's AAL is built (frontier_point) and WISV's quality change
     against it taken paired on the same clips, averaged over channels and windows; `separated` when
     its CI is above 0. `beyond`: (channel, window) pairs where WISV accepts more than the highest R."""
-    ranks = ["greedy"] + [f"rank{r}" for r in params.wisv.verify_ranks]
+    ranks = rank_rules(params)
     out = []
     for lang in params.data.languages:
         pairs, aal_w, aal_mix, beyond, mixes = [], [], [], 0, []
@@ -352,12 +366,12 @@ def against_rank_frontier(params: Params, cell: dict, stats: dict) -> list[dict]
                 if any(k + (r,) not in stats for r in ranks + ["wisv"]):
                     continue
                 a = cell[k + ("wisv",)]["aal"]
-                parts, past = frontier_point([(cell[k + (r,)]["aal"], r) for r in ranks], a)
-                pairs.append((stats[k + ("wisv",)], Mix([(stats[k + (r,)], w) for r, w in parts])))
+                f = frontier_mix({r: (cell[k + (r,)]["aal"], stats[k + (r,)]) for r in ranks}, a)
+                pairs.append((stats[k + ("wisv",)], f["mix"]))
                 aal_w.append(a)
-                aal_mix.append(sum(w * cell[k + (r,)]["aal"] for r, w in parts))
-                beyond += past
-                mixes.append("+".join(f"{w:.2f} {r}" for r, w in parts if w > 0))
+                aal_mix.append(f["aal"])
+                beyond += f["beyond"]
+                mixes.append(f["label"])
         if not pairs:
             continue
         change = mean_relative_change(pairs, "quality")
