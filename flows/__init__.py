@@ -5,14 +5,18 @@ before Prefect reads its settings, unless $PREFECT_API_URL is set already (which
 flow process of a cluster can be sent to one server by params alone.
 """
 
+import json
 import os
+import sys
+
+from speccap.config import ConfigError, load_params
+from speccap.preflight import INPUT_ERRORS, check_stage
 
 
 def _shared_prefect_server() -> None:
     if os.environ.get("PREFECT_API_URL"):
         return
     try:
-        from speccap.config import load_params
         url = load_params().tracking.prefect_api_url
     except Exception:  # noqa: BLE001 - no or bad params here: the flow itself will say so
         return
@@ -21,3 +25,14 @@ def _shared_prefect_server() -> None:
 
 
 _shared_prefect_server()
+
+
+def stage_main(flow_fn, stage: str) -> None:
+    """A DVC stage's command: the stage's inputs are checked before the flow starts, and bad or missing
+    input ends the stage with one line naming the param (exit 1), not a traceback."""
+    try:
+        check_stage(load_params(), stage)
+    except (ConfigError, *INPUT_ERRORS) as exc:
+        print(f"error: stage {stage}: {exc}", file=sys.stderr)
+        sys.exit(1)
+    print(json.dumps(flow_fn(), indent=1, ensure_ascii=False, default=str))

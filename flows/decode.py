@@ -12,6 +12,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from flows import stage_main
 from flows.sweep_runner import run_sweep
 from speccap.config import load_params, materialize
 from speccap.pipeline.sweep import build_configs, sweep_clips
@@ -38,4 +39,4 @@ def decode_flow(params_path: str | None = None, overrides: dict | None = None) -
 
 
 if __name__ == "__main__":
-    print(decode_flow())
+    stage_main(decode_flow, "decode")

@@ -2,6 +2,7 @@
 
 from prefect import flow, task
 
+from flows import stage_main
 from speccap.config import load_params
 from speccap.data.featurize import featurize
 
@@ -19,4 +20,4 @@ def featurize_flow(params_path: str | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    print(featurize_flow())
+    stage_main(featurize_flow, "featurize")

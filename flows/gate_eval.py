@@ -11,6 +11,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from flows import stage_main
 from flows.sweep_runner import run_sweep
 from speccap.config import load_params, materialize
 from speccap.pipeline.gate_report import OUT, build_gate_report, decode_references, gate_clips, gate_configs
@@ -44,4 +45,4 @@ def gate_eval_flow(params_path: str | None = None, overrides: dict | None = None
 
 
 if __name__ == "__main__":
-    print(json.dumps(gate_eval_flow(), indent=1))
+    stage_main(gate_eval_flow, "gate_eval")

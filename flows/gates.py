@@ -20,6 +20,7 @@ import pandas as pd
 from prefect import flow
 from tqdm import tqdm
 
+from flows import stage_main
 from speccap.config import load_params
 from speccap.gating.features import TOKEN_SCALARS, token_columns
 from speccap.pipeline.dagger import dagger_rounds, total_clips
@@ -87,4 +88,4 @@ def gates_flow(params_path: str | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(gates_flow(), indent=1))
+    stage_main(gates_flow, "gates")

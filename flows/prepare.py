@@ -2,6 +2,7 @@
 
 from prefect import flow, task
 
+from flows import stage_main
 from speccap.config import load_params
 from speccap.data.prepare import prepare
 
@@ -18,4 +19,4 @@ def prepare_flow(params_path: str | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    print(prepare_flow())
+    stage_main(prepare_flow, "prepare")

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from prefect import flow
 
+from flows import stage_main
 from speccap.config import load_params
 from speccap.models.base import shared_vocab
 from speccap.models.loading import load_role
@@ -52,4 +53,4 @@ def promote_flow(params_path: str | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(promote_flow(), indent=1, default=str))
+    stage_main(promote_flow, "promote")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
+from flows import stage_main
 from speccap.config import load_params
 from speccap.pipeline.report import build_report
 from speccap.tracking import Tracker
@@ -28,4 +29,4 @@ def report_flow(params_path: str | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(report_flow(), indent=1))
+    stage_main(report_flow, "report")

@@ -15,6 +15,7 @@ from pathlib import Path
 from prefect import flow
 from tqdm import tqdm
 
+from flows import stage_main
 from speccap.config import load_params
 from speccap.pipeline.sweep import Pool
 from speccap.pipeline.traces import TRACE_DIR, collect, shadow_one, summary, trace_clips, traces_key
@@ -49,4 +50,4 @@ def traces_flow(params_path: str | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(traces_flow(), indent=1))
+    stage_main(traces_flow, "traces")

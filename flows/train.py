@@ -2,6 +2,7 @@
 
 from prefect import flow, task
 
+from flows import stage_main
 from speccap.config import load_params
 from speccap.models.captioners import train_captioners
 
@@ -19,4 +20,4 @@ def train_flow(params_path: str | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    print(train_flow())
+    stage_main(train_flow, "train")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from flows import stage_main
 from flows.sweep_runner import run_sweep
 from speccap.config import load_params, materialize
 from speccap.pipeline.sweep import eval_clips
@@ -41,4 +42,4 @@ def wisv_eval_flow(params_path: str | None = None, overrides: dict | None = None
 
 
 if __name__ == "__main__":
-    print(json.dumps(wisv_eval_flow(), indent=1))
+    stage_main(wisv_eval_flow, "wisv_eval")

@@ -17,6 +17,7 @@ import pandas as pd
 from prefect import flow
 from tqdm import tqdm
 
+from flows import stage_main
 from speccap.config import load_params
 from speccap.pipeline.sweep import Pool
 from speccap.pipeline.traces import collect, summary, trace_clips, trace_one, traces_key
@@ -80,4 +81,4 @@ def _own_traces(params, params_path, settings) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(wisv_head_flow(), indent=1))
+    stage_main(wisv_head_flow, "wisv_head")

@@ -42,6 +42,7 @@ def tiny_project(tmp_path_factory):
     from speccap.data.featurize import featurize
     from speccap.data.prepare import prepare
     from speccap.models.captioners import train_captioners
+    from speccap.pipeline.trace_refs import build_trace_refs
     root = tmp_path_factory.mktemp("project")
     raw = {"data": {"raw_dir": str(root / "raw"), "processed_dir": str(root / "proc"),
                     "synthetic": {"train_per_language": 4, "val_per_language": 2, "test_per_language": 3, "workers": 1}},
@@ -56,6 +57,7 @@ def tiny_project(tmp_path_factory):
     prepare(params, progress=False)
     featurize(params, progress=False)
     report = train_captioners(params, progress=False)
+    build_trace_refs(params, None)  # human references: no cloud captions to make
     params_file = root / "params.yaml"
     params_file.write_text(yaml.safe_dump(raw))
     return params, report, params_file

@@ -45,6 +45,15 @@ class Mer2024Params:
 
 
 @dataclass(frozen=True)
+class TracePoolParams:
+    # Unlabeled speech the gates and the WISV head learn from when the corpus has no referenced train
+    # and validation clips (MER2024): any folder of audio, split train/validation by a hash of each
+    # file's name; the cloud-only caption is its reference (data.trace_references).
+    path: str | None = None
+    val_share: float = 0.2
+
+
+@dataclass(frozen=True)
 class DataParams:
     source: str = "synthetic"  # synthetic | mer2024
     languages: tuple[str, ...] = ("en", "zh")
@@ -53,6 +62,11 @@ class DataParams:
     processed_dir: str = "data/processed"
     synthetic: SyntheticParams = field(default_factory=SyntheticParams)
     mer2024: Mer2024Params = field(default_factory=Mer2024Params)
+    trace_pool: TracePoolParams = field(default_factory=TracePoolParams)
+    # What the train and validation clips' corrections are judged against (the trace_refs stage):
+    # auto = a clip's human references, or the cloud-only caption where it has none (a trace pool);
+    # cloud = the cloud-only caption for every clip (how much that loses: benchmarks/cloud_labels.py)
+    trace_references: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -365,6 +379,7 @@ _CHOICES = {
     "cluster.dask.kind": {"local", "slurm"},
     "data.source": {"synthetic", "mer2024"},
     "data.mer2024.reference_mode": {"full", "audio_only"},
+    "data.trace_references": {"auto", "cloud"},
     "models.edge.backend": {"embedded", "qwen2_5_omni", "qwen3_omni_moe"},
     "models.cloud.backend": {"embedded", "qwen2_5_omni", "qwen3_omni_moe"},
     "models.edge.family": {"qwen2_5_omni", "qwen3_omni_moe"},
@@ -448,6 +463,17 @@ def _validate(p: Params) -> None:
         raise ConfigError(f"params key data.synthetic.cue_spread must be in (0, 2], got {p.data.synthetic.cue_spread}")
     if p.data.max_clip_seconds <= 0:
         raise ConfigError("params key data.max_clip_seconds must be > 0")
+    if not 0 < p.data.trace_pool.val_share < 1:
+        raise ConfigError(f"params key data.trace_pool.val_share must be in (0, 1), got {p.data.trace_pool.val_share}")
+    if p.data.trace_pool.path and p.data.source != "mer2024":
+        raise ConfigError("params key data.trace_pool.path: a trace pool is for data.source mer2024 (the synthetic "
+                          "corpus has referenced train and validation clips of its own)")
+    if p.data.source == "mer2024":
+        embedded = [r for r in ("edge", "cloud") if getattr(p.models, r).backend == "embedded"]
+        if embedded:
+            raise ConfigError(f"params key models.{embedded[0]}.backend: embedded captioners train on the synthetic "
+                              "corpus; with data.source mer2024 point it at a Qwen-Omni checkpoint "
+                              f"(backend qwen2_5_omni or qwen3_omni_moe, models.{embedded[0]}.path)")
     for role in ("edge", "cloud"):
         m = getattr(p.models, role)
         if m.backend != "embedded" and not m.path:
@@ -603,7 +629,9 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "decode": ("seed", "decode", "link", "sweep", "qs", "models.max_new_tokens", "data.languages",
                "tracking.experiment"),
     "report": ("decode", "link", "data.languages"),
-    "traces": ("seed", "gates.traces", "decode.rank", "models.max_new_tokens", "data.languages"),
+    "trace_refs": ("seed", "data.trace_references", "decode.temperature", "decode.cloud_time_scale",
+                   "models.max_new_tokens", "data.languages", "sweep.workers", "sweep.threads"),
+    "traces": ("seed", "data.trace_references", "gates.traces", "decode.rank", "models.max_new_tokens", "data.languages"),
     # the link changes when the DAgger and verify-rank captions' clocks tick, not what they say: not listed
     "gates": ("seed", "gates.kinds", "gates.targets", "gates.impact_weight", "gates.baselines", "gates.budgets", "gates.registry_name",
               "gates.verify", "gates.verify_ranks", "gates.promote_budget", "gates.traces", "gates.dagger",

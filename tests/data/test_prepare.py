@@ -12,12 +12,29 @@ from speccap.data.mer2024 import Mer2024Error
 from speccap.data.prepare import prepare
 
 
+# MER2024 runs with real checkpoints (params refuse embedded roles there); prepare never loads them
+REAL_MODELS = {"edge": {"backend": "qwen2_5_omni", "path": "/ckpt/edge"},
+               "cloud": {"backend": "qwen2_5_omni", "path": "/ckpt/cloud"}}
+
+
 def _params(tmp_path, **data):
+    models = REAL_MODELS if data.get("source") == "mer2024" else {}
     return params_from_dict({
         "data": {"raw_dir": str(tmp_path / "raw"), "processed_dir": str(tmp_path / "processed"),
                  "synthetic": {"train_per_language": 4, "val_per_language": 2, "test_per_language": 3,
                                "workers": 2}, **data},
-        "features": {"hop_length": 320, "workers": 1}})
+        "models": models, "features": {"hop_length": 320, "workers": 1}})
+
+
+def _mer_folder(root, tone, names, sr=16000):
+    """A folder in MER2024's layout: the caption CSV and one WAV per name."""
+    root.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([{"name": n, "chinese": "在视频中，微笑；在音频中，语气轻快。", "english":
+                   "In the video, a smile. In the audio, a light tone. Therefore, happy."} for n in names]).to_csv(
+        root / "final-EMER-reason.csv", index=False)
+    for k, n in enumerate(names):
+        sf.write(str(root / f"{n}.wav"), tone(150 + 20 * k, 1.0, sr=sr), sr)
+    return root
 
 
 def test_prepare_and_featurize_the_synthetic_corpus(tmp_path):
@@ -81,18 +98,75 @@ def test_mer2024_without_a_path_names_the_param(tmp_path):
 
 
 def test_mer2024_prepare_writes_test_manifests(tmp_path, tone):
-    root = tmp_path / "mer"
-    root.mkdir()
-    pd.DataFrame([{"name": "sample_00000000", "chinese": "在视频中，微笑；在音频中，语气轻快。", "english":
-                   "In the video, a smile. In the audio, a light tone. Therefore, happy."}]).to_csv(
-        root / "final-EMER-reason.csv", index=False)
-    sf.write(str(root / "sample_00000000.wav"), tone(200, 1.0, sr=48000), 48000)
+    root = _mer_folder(tmp_path / "mer", tone, ["sample_00000000"], sr=48000)
     p = _params(tmp_path, source="mer2024", mer2024={"path": str(root)})
     report = prepare(p, progress=False)
     assert report["manifests"] == {"test.en": 1, "test.zh": 1}
     en = read_manifest(manifest_path(p.data.processed_dir, "test", "en"))[0]
     assert en["references"] == ["In the audio, a light tone. Therefore, happy."]
     assert sf.info(en["path"]).samplerate == 16000
+
+
+def test_mer2024_already_16k_mono_is_used_in_place_and_the_raw_output_exists(tmp_path, tone):
+    """What the organisers' ffmpeg step makes: nothing to convert, and data/raw (a DVC output) still
+    exists, naming where each clip was read from."""
+    root = _mer_folder(tmp_path / "mer", tone, ["sample_00000000", "sample_00000001"])
+    p = _params(tmp_path, source="mer2024", mer2024={"path": str(root)})
+    prepare(p, progress=False)
+    en = read_manifest(manifest_path(p.data.processed_dir, "test", "en"))
+    assert [r["path"] for r in en] == [str(root / "sample_00000000.wav"), str(root / "sample_00000001.wav")]
+    sources = json.loads((tmp_path / "raw" / "mer2024" / "sources.json").read_text())
+    assert sources == {"sample_00000000": str(root / "sample_00000000.wav"),
+                       "sample_00000001": str(root / "sample_00000001.wav")}
+    assert not manifest_path(p.data.processed_dir, "train", "en").exists()
+
+
+def test_mer2024_with_a_trace_pool_splits_it_and_never_trains_on_a_test_clip(tmp_path, tone):
+    root = _mer_folder(tmp_path / "mer", tone, ["sample_00000000"])
+    pool = tmp_path / "pool"
+    (pool / "sub").mkdir(parents=True)
+    for k in range(12):
+        sf.write(str(pool / ("sub" if k % 2 else "") / f"clip{k:02d}.wav"), tone(120 + 10 * k, 1.0, sr=22050), 22050)
+    sf.write(str(pool / "sample_00000000.wav"), tone(200, 1.0), 16000)  # a referenced clip: left out
+    sf.write(str(pool / "quiet.wav"), np.zeros(16000, np.float32), 16000)  # no speech: skipped, said why
+    p = _params(tmp_path, source="mer2024", mer2024={"path": str(root)},
+                trace_pool={"path": str(pool), "val_share": 0.25})
+    report = prepare(p, progress=False)
+    train = read_manifest(manifest_path(p.data.processed_dir, "train", "zh"))
+    val = read_manifest(manifest_path(p.data.processed_dir, "val", "zh"))
+    assert len(train) + len(val) == 12 == report["pool_clips"] and train and val
+    assert all(r["references"] == [] and r["references_from"] == "cloud" for r in train + val)
+    assert {r["id"] for r in train} & {r["id"] for r in val} == set()
+    assert "pool-sub__clip01" in {r["id"] for r in train + val}
+    assert all(sf.info(r["path"]).samplerate == 16000 for r in train)  # 22.05 kHz: a converted copy
+    reasons = {s["id"]: s["reason"] for s in report["skipped"]}
+    assert "never trained on" in reasons["pool-sample_00000000"] and "silent" in reasons["pool-quiet"]
+    # the split follows the names alone: a second run (and a bigger pool) keeps every clip where it was
+    sf.write(str(pool / "clip99.wav"), tone(300, 1.0), 16000)
+    prepare(p, progress=False)
+    again = {r["id"]: r["split"] for s in ("train", "val")
+             for r in read_manifest(manifest_path(p.data.processed_dir, s, "zh"))}
+    assert all(again[r["id"]] == r["split"] for r in train + val) and "pool-clip99" in again
+
+
+def test_a_trace_pool_is_checked_in_params_and_on_disk(tmp_path, tone):
+    from speccap.config import ConfigError
+    from speccap.data.trace_pool import TracePoolError
+    with pytest.raises(ConfigError, match="data.trace_pool.path: a trace pool is for data.source mer2024"):
+        _params(tmp_path, trace_pool={"path": str(tmp_path)})
+    with pytest.raises(ConfigError, match="data.trace_pool.val_share"):
+        _params(tmp_path, source="mer2024", trace_pool={"val_share": 1.0})
+    with pytest.raises(ConfigError, match="models.edge.backend: embedded captioners train on the synthetic"):
+        params_from_dict({"data": {"source": "mer2024"}})
+    root = _mer_folder(tmp_path / "mer", tone, ["sample_00000000"])
+    with pytest.raises(TracePoolError, match="data.trace_pool.path: trace pool folder .*nope not found"):
+        prepare(_params(tmp_path, source="mer2024", mer2024={"path": str(root)},
+                        trace_pool={"path": str(tmp_path / "nope")}), progress=False)
+    (tmp_path / "one").mkdir()
+    sf.write(str(tmp_path / "one" / "a.wav"), tone(200, 1.0), 16000)
+    with pytest.raises(TracePoolError, match="at least 2 usable clips"):
+        prepare(_params(tmp_path, source="mer2024", mer2024={"path": str(root)},
+                        trace_pool={"path": str(tmp_path / "one")}), progress=False)
 
 
 def test_features_are_byte_identical_across_runs(tmp_path):

@@ -2,7 +2,8 @@
 
 A record: id, path (16 kHz mono WAV), duration, split, language (of the references),
 speech_language, emotion (or null), cues (values rendered, empty for real data), references
-(non-empty list of non-empty strings), notes (what loading did to the input).
+(non-empty list of non-empty strings; empty only with references_from "cloud": a trace pool clip
+that the trace_refs stage captions with the cloud), notes (what loading did to the input).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def validate_record(rec: dict, where: str) -> None:
     if missing:
         raise ManifestError(f"{where}: record lacks field(s) {', '.join(missing)}")
     refs = rec["references"]
+    if rec.get("references_from") == "cloud" and refs == []:
+        return  # a trace pool clip: its reference is the cloud's caption (the trace_refs stage)
     if not isinstance(refs, list) or not refs or not all(isinstance(r, str) and r.strip() for r in refs):
         raise ManifestError(f"{where}: clip {rec['id']!r} has no non-empty reference caption")
 

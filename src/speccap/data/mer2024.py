@@ -24,6 +24,7 @@ COLUMNS = ("name", "chinese", "english")
 AUDIO_DIRS = ("", "audio", "wav")
 VIDEO_DIRS = ("", "video")
 VIDEO_EXTS = (".mp4", ".avi", ".mkv")
+AUDIO_EXTS = (".wav", ".flac", ".ogg")  # what libsndfile reads
 PARAM = "data.mer2024.path"
 
 _OTHER_MODALITY = re.compile(r"^(in the (video|text|subtitles?|image|scene|visuals?)\b|the (subtitles?|text|video)\b)", re.I)
@@ -114,6 +115,18 @@ def _audio_from_video(video: Path, tmp_dir: Path) -> Path:
     return out
 
 
+def usable_wav(media: Path, name: str, wav_dir: Path, tmp_dir: Path, max_seconds: float) -> tuple[Path, float, list[str]]:
+    """A media file as later stages read it: a 16 kHz mono WAV used in place, or a normalised copy
+    `wav_dir/{name}.wav` (video, another rate or layout, trimmed); its seconds and what was done."""
+    wav = _audio_from_video(media, tmp_dir) if media.suffix.lower() not in AUDIO_EXTS else media
+    clip = read_audio(wav, max_seconds=max_seconds)
+    out = media
+    if media.suffix.lower() != ".wav" or clip.notes:
+        out = wav_dir / f"{name}.wav"
+        write_wav(out, clip.samples)
+    return out, round(clip.seconds, 3), clip.notes
+
+
 def load_mer2024(root: str | Path, languages: tuple[str, ...], mode: str, wav_dir: Path,
                  max_seconds: float) -> tuple[list[MerClip], list[dict]]:
     """Validate a local MER2024 copy; return usable clips and a skip record for each unusable one."""
@@ -142,17 +155,11 @@ def load_mer2024(root: str | Path, languages: tuple[str, ...], mode: str, wav_di
                 skips.append({"id": name, "reason": f"no audio file {name}.wav (or video) under {root}"})
                 continue
             try:
-                wav = _audio_from_video(media, Path(tmp)) if media.suffix != ".wav" else media
-                clip = read_audio(wav, max_seconds=max_seconds)
+                out, seconds, notes = usable_wav(media, name, wav_dir, Path(tmp), max_seconds)
             except AudioError as exc:
                 skips.append({"id": name, "reason": exc.problem, "path": str(media)})
                 continue
-            out = media
-            if media.suffix != ".wav" or clip.notes:
-                # store a normalised 16 kHz mono copy so later stages read every clip the same way
-                out = wav_dir / f"{name}.wav"
-                write_wav(out, clip.samples)
-            clips.append(MerClip(name, media, out, round(clip.seconds, 3), refs, clip.notes))
+            clips.append(MerClip(name, media, out, seconds, refs, notes))
     if not clips:
         raise Mer2024Error(f"{root}: no usable clip in {CSV_NAME} ({len(skips)} skipped; first: {skips[:1]})")
     return clips, skips

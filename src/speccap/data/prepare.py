@@ -13,8 +13,9 @@ from tqdm import tqdm
 from ..config import Params
 from ..fanout import fan_out
 from .manifest import append_jsonl, manifest_path, read_jsonl, write_jsonl
-from .mer2024 import load_mer2024
+from .mer2024 import Mer2024Error, load_mer2024
 from .synthetic import SPLITS, make_clip, plan_corpus
+from .trace_pool import load_trace_pool
 
 
 def _language_view(corpus: list[dict], language: str) -> list[dict]:
@@ -74,14 +75,31 @@ def prepare_synthetic(params: Params, progress: bool = True) -> dict:
             "emotions": dict(sorted(emotions.items())), "skipped": []}
 
 
+def _mer_record(clip_id: str, path, duration: float, split: str, lang: str, source: str, notes: list[str],
+                references: list[str], mode: str | None) -> dict:
+    rec = {"id": clip_id, "path": str(path), "duration": duration, "split": split, "source": source,
+           "language": lang, "speech_language": None, "emotion": None, "cues": {}, "reference_mode": mode,
+           "notes": notes, "references": references}
+    if not references:
+        rec["references_from"] = "cloud"  # a trace pool clip: the trace_refs stage captions it with the cloud
+    return rec
+
+
 def prepare_mer2024(params: Params) -> dict:
+    """The referenced clips as the test split; with a trace pool, its clips as train and validation.
+    Clips already 16 kHz mono are used in place; data/raw/mer2024/sources.json says where every clip
+    came from (and so the stage's output exists even when nothing needed converting)."""
     mer = params.data.mer2024
     if not mer.path:
-        from .mer2024 import Mer2024Error
         raise Mer2024Error("data.mer2024.path: not set; point it at your local MER2024 copy")
-    wav_dir = Path(params.data.raw_dir) / "mer2024" / "wav"
-    clips, skips = load_mer2024(mer.path, params.data.languages, mer.reference_mode, wav_dir,
+    raw = Path(params.data.raw_dir) / "mer2024"
+    clips, skips = load_mer2024(mer.path, params.data.languages, mer.reference_mode, raw / "wav",
                                 params.data.max_clip_seconds)
+    pool, pool_skips = [], []
+    if params.data.trace_pool.path:
+        tp = params.data.trace_pool
+        pool, pool_skips = load_trace_pool(tp.path, tp.val_share, raw / "pool", params.data.max_clip_seconds,
+                                           exclude={c.name for c in clips})
     counts = {}
     for lang in params.data.languages:
         view = []
@@ -89,14 +107,25 @@ def prepare_mer2024(params: Params) -> dict:
             if lang not in c.references:
                 skips.append({"id": c.name, "reason": f"no {lang} reference"})
                 continue
-            view.append({"id": c.name, "path": str(c.wav_path), "duration": c.duration, "split": "test",
-                         "source": "mer2024", "language": lang, "speech_language": None, "emotion": None,
-                         "cues": {}, "reference_mode": mer.reference_mode, "notes": c.notes,
-                         "references": [c.references[lang]]})
+            view.append(_mer_record(c.name, c.wav_path, c.duration, "test", lang, "mer2024", c.notes,
+                                    [c.references[lang]], mer.reference_mode))
         write_jsonl(manifest_path(params.data.processed_dir, "test", lang), view)
         counts[f"test.{lang}"] = len(view)
+        for split in ("train", "val"):
+            recs = [_mer_record(c.clip_id, c.wav_path, c.duration, split, lang, "trace_pool", c.notes, [], None)
+                    for c in pool if c.split == split]
+            path = manifest_path(params.data.processed_dir, split, lang)
+            if recs:
+                write_jsonl(path, recs)
+                counts[f"{split}.{lang}"] = len(recs)
+            else:
+                path.unlink(missing_ok=True)  # a pool dropped from params leaves no stale split behind
+    sources = {c.name: str(c.source_path) for c in clips} | {c.clip_id: str(c.source_path) for c in pool}
+    raw.mkdir(parents=True, exist_ok=True)
+    (raw / "sources.json").write_text(json.dumps(sources, ensure_ascii=False, indent=1), encoding="utf-8")
     return {"source": "mer2024", "path": str(mer.path), "reference_mode": mer.reference_mode,
-            "clips": len(clips), "manifests": counts, "skipped": skips}
+            "trace_pool": params.data.trace_pool.path, "clips": len(clips), "pool_clips": len(pool),
+            "manifests": counts, "skipped": skips + pool_skips}
 
 
 def prepare(params: Params, progress: bool = True) -> dict:

@@ -96,20 +96,34 @@ def side_by_side(params: Params, roles: list[str]) -> int:
     return max(1, min(len(roles), cores // widest))
 
 
+def _note_checkpoint(out_dir: Path, entry: dict) -> None:
+    """A real checkpoint is not trained here: its folder under models/ names it instead (the stage's
+    outputs exist either way, and change when the checkpoint path does)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in out_dir.iterdir():  # an embedded model trained here before would otherwise linger
+        if f.is_file():
+            f.unlink()
+    (out_dir / "source.json").write_text(json.dumps(entry, indent=1))
+
+
 def train_captioners(params: Params, progress: bool = True, roles=ROLES) -> dict:
+    """The tokenizer and the embedded roles; with real checkpoints for every role, nothing is trained
+    and no train split is needed (MER2024 has none)."""
     models_dir = Path(params.models.dir)
     tok_dir = models_dir / "tokenizer"
-    tokenizer = build_tokenizer(params)
-    save_tokenizer(tokenizer, tok_dir)
-    tokenizer = load_tokenizer(tok_dir)  # exactly what inference will load
-    report = {"tokenizer_vocab": len(tokenizer)}
-    embedded = []
+    embedded = [role for role in roles if getattr(params.models, role).backend == "embedded"]
+    report: dict = {}
     for role in roles:
         spec = getattr(params.models, role)
         if spec.backend != "embedded":
             report[role] = {"backend": spec.backend, "path": spec.path, "trained": False}
-        else:
-            embedded.append(role)
+            _note_checkpoint(models_dir / role, report[role])
+    if embedded:
+        tokenizer = build_tokenizer(params)
+        save_tokenizer(tokenizer, tok_dir)
+        report["tokenizer_vocab"] = len(load_tokenizer(tok_dir))  # exactly what inference will load
+    else:
+        _note_checkpoint(tok_dir, {"tokenizer": "each checkpoint's own", "trained": False})
     # each role's process loads the clips itself (and refuses an empty split)
     jobs = [(params, role, progress) for role in embedded]
     report["side_by_side"] = side_by_side(params, embedded)  # 1: the roles took turns

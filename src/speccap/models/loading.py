@@ -52,16 +52,27 @@ def qwen_chat_template(tokenizer, prompts: dict[str, str] = PAPER_PROMPTS) -> Pr
     return PromptTemplate(prefix={lang: prefix for lang in prompts}, suffix=suffix)
 
 
+def checkpoint_missing(role: str, spec: ModelParams) -> str | None:
+    """Why a real role's checkpoint cannot be there (None: it may be; embedded roles are the train
+    stage's)."""
+    if spec.backend == "embedded":
+        return None
+    param, path = f"models.{role}.path", spec.path
+    if not path:
+        return f"{param}: not set (backend {spec.backend} needs a local checkpoint path)"
+    looks_local = path.startswith(("/", ".", "~")) or os.sep in path.strip("/").split("/", 1)[-1] or Path(path).exists()
+    if looks_local and not Path(path).expanduser().exists():
+        return f"{param}: checkpoint folder {path} not found"
+    return None
+
+
 def load_real(role: str, spec: ModelParams, device: str | None = None) -> ThinkerLM:
     """A real Qwen-Omni thinker checkpoint; a clear error naming the param when it is not there."""
     from transformers import AutoTokenizer
-    param = f"models.{role}.path"
-    path = spec.path
-    if not path:
-        raise ModelLoadError(f"{param}: not set (backend {spec.backend} needs a local checkpoint path)")
-    looks_local = path.startswith(("/", ".", "~")) or os.sep in path.strip("/").split("/", 1)[-1] or Path(path).exists()
-    if looks_local and not Path(path).expanduser().exists():
-        raise ModelLoadError(f"{param}: checkpoint folder {path} not found")
+    problem = checkpoint_missing(role, spec)
+    if problem:
+        raise ModelLoadError(problem)
+    param, path = f"models.{role}.path", spec.path
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)

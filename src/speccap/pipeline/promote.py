@@ -16,18 +16,18 @@ import statistics
 
 from ..config import Params, gate_decode
 from ..data.featurize import load_clip_features
-from ..data.manifest import manifest_path, read_manifest
 from ..decoding.engine import settings_from_params, speculative
 from ..decoding.link import Link
 from ..decoding.verify import rule_for_gate
 from ..metrics.bootstrap import bleu1_emotion
 from ..metrics.caption import score_captions
+from .trace_refs import training_clips
 
 
 def validation_clips(params: Params) -> dict[str, list[dict]]:
     traced, asked = params.gates.traces.val_clips, params.gates.promote_clips  # 0 = all
     n = min(traced, asked) if traced and asked else traced or asked
-    return {lang: read_manifest(manifest_path(params.data.processed_dir, "val", lang))[: n or None]
+    return {lang: training_clips(params, "val", lang)[: n or None]
             for lang in params.data.languages}
 
 

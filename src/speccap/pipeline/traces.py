@@ -20,15 +20,15 @@ import numpy as np
 import pandas as pd
 
 from ..config import Params
-from ..data.manifest import manifest_path, read_manifest
 from . import sweep
+from .trace_refs import training_clips
 
 TRACE_DIR = Path("data/traces")
 
 
 def trace_clips(params: Params, split: str, language: str, counts=None) -> list[dict]:
     """The first clips of a split; `counts` (train_clips, val_clips; 0 = all) default to gates.traces."""
-    recs = read_manifest(manifest_path(params.data.processed_dir, split, language))
+    recs = training_clips(params, split, language)
     t = counts or params.gates.traces
     n = t.train_clips if split == "train" else t.val_clips
     return recs[:n] if n else recs
@@ -44,8 +44,8 @@ def trace_settings(params: Params):
 
 def traces_key(params: Params, settings=None) -> str:
     """What a clip's trace depends on besides the clip: records with another key are traced again."""
-    blob = json.dumps([dataclasses.asdict(settings or trace_settings(params)), sweep.models_fingerprint(params)],
-                      sort_keys=True)
+    blob = json.dumps([dataclasses.asdict(settings or trace_settings(params)), sweep.models_fingerprint(params),
+                       params.data.trace_references], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

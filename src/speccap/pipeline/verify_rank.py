@@ -29,11 +29,11 @@ import pickle
 from pathlib import Path
 
 from ..config import Params
-from ..data.manifest import manifest_path, read_manifest
 from ..metrics.bootstrap import ClipStats, difference, interval
 from .gates import gate_dir, learned_names, main_gate
 from .markdown import md_table
 from .sweep import Pool, RunConfig, config_key, models_fingerprint, run_config, summarize
+from .trace_refs import refs_path, training_clips
 
 VERIFY_RANK_DIR = Path("data/verify_rank")
 KEY = "bleu1_emotion"  # metrics.bootstrap: mean of BLEU-1 and the emotion hit rate
@@ -83,7 +83,7 @@ def choose(stats: dict[int, ClipStats], default: int) -> tuple[int, dict[int, di
 
 def validation_clips(params: Params, lang: str) -> list[dict]:
     n = params.gates.traces.val_clips
-    return read_manifest(manifest_path(params.data.processed_dir, "val", lang))[: n or None]
+    return training_clips(params, "val", lang)[: n or None]
 
 
 def choose_verify_rank(params: Params, params_path: str | None, gates_json: dict, out_dir: Path = VERIFY_RANK_DIR,
@@ -106,7 +106,7 @@ def choose_verify_rank(params: Params, params_path: str | None, gates_json: dict
         for lang in params.data.languages:
             clips = validation_clips(params, lang)
             if not clips:
-                raise ValueError(f"{manifest_path(params.data.processed_dir, 'val', lang)}: no validation clips to "
+                raise ValueError(f"{refs_path(params, 'val', lang)}: no validation clips to "
                                  "choose the verification rank on")
             ids = [c["id"] for c in clips]
             stats, rho = {}, {}

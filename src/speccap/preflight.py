@@ -1,0 +1,41 @@
+"""What a stage needs before it starts, checked before any flow runs: a missing input is one line
+that names the param (or the stage to run first), not a traceback from deep inside a worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import Params
+from .data.manifest import ManifestError, manifest_path
+from .data.mer2024 import Mer2024Error, read_caption_table
+from .data.trace_pool import PARAM as POOL_PARAM
+from .data.trace_pool import TracePoolError
+from .models.loading import ModelLoadError, checkpoint_missing
+from .pipeline.trace_refs import SPLITS, missing_split_error
+
+# the stages that load the edge and cloud models
+MODEL_STAGES = ("decode", "trace_refs", "traces", "gates", "gate_eval", "promote", "wisv_head", "wisv_eval")
+
+# the errors that mean bad or missing input: shown as their message alone
+INPUT_ERRORS = (ManifestError, Mer2024Error, TracePoolError, ModelLoadError, FileNotFoundError)
+
+
+def check_stage(params: Params, stage: str) -> None:
+    """Raise one of INPUT_ERRORS, naming the param, when `stage` cannot start."""
+    if stage == "prepare" and params.data.source == "mer2024":
+        if not params.data.mer2024.path:
+            raise Mer2024Error("data.mer2024.path: not set; point it at your local MER2024 copy")
+        read_caption_table(Path(params.data.mer2024.path))
+        pool = params.data.trace_pool.path
+        if pool and not Path(pool).is_dir():
+            raise TracePoolError(f"{POOL_PARAM}: trace pool folder {pool} not found")
+    if stage in MODEL_STAGES:
+        for role in ("edge", "cloud"):
+            problem = checkpoint_missing(role, getattr(params.models, role))
+            if problem:
+                raise ModelLoadError(problem)
+    if stage == "trace_refs":
+        for split in SPLITS:
+            for lang in params.data.languages:
+                if not manifest_path(params.data.processed_dir, split, lang).exists():
+                    raise missing_split_error(params, split, lang)

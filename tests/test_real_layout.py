@@ -1,0 +1,125 @@
+"""The users' path end to end, as a new user takes it: real checkpoints (tiny random-weight thinkers of
+both real classes with Qwen's real vocabulary), a folder in MER2024's official layout with real
+speech, a folder of unlabeled speech as the trace pool, params switched as docs/hpc.md section 2
+says (on the CI profile), then `dvc repro` of every stage in a copy of this repository, a promoted
+champion, and `speccap caption --gate champion` with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from speccap.data.audio_io import write_wav
+from speccap.data.tts import Prosody, Speaker
+from speccap.models.configs import SpecialIds, build_model
+from speccap.models.qwen_vocab import qwen_tokenizer_offline
+
+from .models.conftest import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN_IDS = SpecialIds(audio=151646, audio_start=151647, audio_end=151648, image=151655, video=151656,
+                      vision_start=151652, vision_end=151653, pad=151643, eos=151645)
+LINES = ["I cannot believe you did that again.", "The weather is lovely this morning.",
+         "Please leave me alone for a while.", "We finally won the match yesterday.",
+         "Nobody told me about the meeting.", "This is the best day of my life.",
+         "I am so tired of waiting here.", "Could you open the window please."]
+
+
+def _speech(speaker: Speaker, k: int) -> np.ndarray:
+    """Real speech at 16 kHz mono, as the organisers' ffmpeg step leaves MER2024's audio."""
+    import soxr
+    voice = ("en+f3", "en+m1", "en+m3", "en+f2")[k % 4]
+    x = speaker.say(LINES[k % len(LINES)], voice, Prosody(pitch=30 + 8 * k % 60, rate=150 + 10 * k), seed=k)
+    return soxr.resample(x, speaker.sample_rate, 16000).astype(np.float32)
+
+
+def _project(tmp: Path) -> Path:
+    """A copy of this repository's tracked files, as a fresh clone has them."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    proj = tmp / "proj"
+    for f in files:
+        if (ROOT / f).is_file() and not f.startswith("reports/"):
+            (proj / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, proj / f)
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=ci@example.org", "-c", "user.name=ci", "commit", "-qm", "clone"]):
+        subprocess.run(cmd, cwd=proj, check=True)
+    return proj
+
+
+def _checkpoint(path: Path, family: str, seed: int) -> None:
+    model = build_model(family, 151936, TINY, QWEN_IDS, seed=seed)
+    model.save_pretrained(str(path))
+    qwen_tokenizer_offline().save_pretrained(str(path))
+
+
+def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_path):
+    proj = _project(tmp_path)
+    _checkpoint(tmp_path / "Qwen2.5-Omni-3B", "qwen2_5_omni", 1)
+    _checkpoint(tmp_path / "Qwen3-Omni-30B-A3B", "qwen3_omni_moe", 2)
+    speaker = Speaker()
+    mer = tmp_path / "MER2024"
+    mer.mkdir()
+    names = [f"sample_{k:08d}" for k in range(4)]
+    rows = [{"name": n, "chinese": "在视频中，他皱着眉；在音频中，语气急促，音量较高。因此，他感到愤怒。",
+             "english": "In the video, he frowns. In the audio, the tone is hurried and loud. "
+                        "Therefore, he is angry."} for n in names]
+    pd.DataFrame(rows).to_csv(mer / "final-EMER-reason.csv", index=False)
+    for k, n in enumerate(names):
+        write_wav(mer / f"{n}.wav", _speech(speaker, k))
+    pool = tmp_path / "unlabeled"
+    pool.mkdir()
+    for k in range(4, 12):
+        write_wav(pool / f"clip_{k:03d}.wav", _speech(speaker, k))
+
+    params = yaml.safe_load((proj / "params.yaml").read_text())
+    params["profile"] = "ci"
+    params["data"]["source"] = "mer2024"
+    params["data"]["mer2024"]["path"] = str(mer)
+    params["data"]["trace_pool"] = {"path": str(pool), "val_share": 0.3}
+    params["models"]["max_new_tokens"] = 6
+    params["models"]["edge"] |= {"backend": "qwen2_5_omni", "path": str(tmp_path / "Qwen2.5-Omni-3B")}
+    params["models"]["cloud"] |= {"backend": "qwen3_omni_moe", "path": str(tmp_path / "Qwen3-Omni-30B-A3B")}
+    params["decode"]["rank"] = 20  # the papers' R for Qwen's vocabulary
+    (proj / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
+    env |= {"PYTHONPATH": str(proj / "src"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+    run = subprocess.run(["bash", "scripts/with_prefect.sh", "dvc", "repro"], cwd=proj, env=env,
+                         capture_output=True, text=True, timeout=840)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-6000:]
+    assert "Traceback" not in log, log[-6000:]
+
+    prep = json.loads((proj / "data/processed/prepare_report.json").read_text())
+    assert prep["clips"] == 4 and prep["pool_clips"] == 8, prep
+    assert not (proj / "data/raw/mer2024/wav").exists()  # 16 kHz mono: every clip used in place
+    refs = json.loads((proj / "reports/trace_refs.json").read_text())
+    assert all(s["cloud_referenced"] + s["empty_cloud_captions"] > 0 for s in refs["splits"].values()), refs
+    train = json.loads((proj / "models/train_report.json").read_text())
+    assert train["edge"]["trained"] is False and train["cloud"]["trained"] is False
+    gates = json.loads((proj / "reports/gates/gates.json").read_text())
+    assert set(gates["languages"]) == {"en", "zh"}
+    # the gate evaluation captions every referenced clip (scored against the human references)
+    summary = json.loads((proj / "reports/gates/summary.json").read_text())
+    assert summary["configs"] and all(c["status"] == "FINISHED" for c in summary["configs"]), summary["configs"]
+    runs = list((proj / "reports/gate_runs").glob("*.jsonl"))
+    assert runs and all(len(f.read_text().splitlines()) == 4 for f in runs)
+    promotion = json.loads((proj / "reports/promotion.json").read_text())
+    assert promotion["champion_after"] is not None, promotion
+    assert json.loads((proj / "models/wisv/report.json").read_text())["train_mismatches"] > 0
+
+    cap = subprocess.run([sys.executable, "-m", "speccap.cli", "caption", str(mer / f"{names[0]}.wav"),
+                          "--gate", "champion", "--json"], cwd=proj, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert cap.returncode == 0, cap.stderr[-3000:]
+    out = json.loads(cap.stdout.strip().splitlines()[-1])
+    assert isinstance(out["caption"], str) and out["mode"], out
