@@ -36,7 +36,7 @@ from ..decoding.gates import VERIFY
 from ..metrics.bootstrap import ClipStats, gap_closed, interval
 from .gates import BLOCK_SUFFIX, main_gate
 from .markdown import md_table
-from .quality_table import format_ci
+from .quality_table import error_bars, format_ci
 from .sweep import RunConfig
 from .verify_rank import default_rank, rule_fields, section as verify_rank_section
 
@@ -353,7 +353,7 @@ def _pareto_plot(result: dict, path: Path) -> None:
                     continue
                 xs = [e["rho"] for e in entries]
                 ys = [e[k]["value"] for e in entries]
-                err = [[e[k]["value"] - e[k]["ci_low"] for e in entries], [e[k]["ci_high"] - e[k]["value"] for e in entries]]
+                err = error_bars([(e[k]["value"], e[k]["ci_low"], e[k]["ci_high"]) for e in entries])
                 style = dict(marker="*", ms=9, ls="--", capsize=2) if name == ORACLE else dict(marker="o", capsize=3)
                 ax.errorbar(xs, ys, yerr=err, label=name, **style)
             ax.axhline(r["cloud"][k]["value"], color="k", ls=":", lw=1, label="cloud-only")

@@ -81,3 +81,10 @@ def quality_with_intervals(pick: dict, langs: list[str], labels: dict[str, str])
                 lines.append(f"- {name}: {verdict}")
             parts.append(f"\nShare of the edge → cloud gap that {labels['ugsd']} closes:\n\n" + "\n".join(lines) + "\n")
     return "".join(parts), result
+
+
+def error_bars(points: list[tuple[float, float, float]]) -> list[list[float]]:
+    """matplotlib's yerr for (value, ci_low, ci_high) points. A corpus-level score (BLEU-1) need not
+    lie inside the bootstrap interval of the per-clip scores on a few clips: its bar then stops at
+    the point instead of going negative (which matplotlib refuses)."""
+    return [[max(0.0, v - lo) for v, lo, _ in points], [max(0.0, hi - v) for v, _, hi in points]]

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..config import Params  # noqa: E402
 from .markdown import md_table  # noqa: E402
-from .quality_table import format_ci, metric_ci, quality_with_intervals  # noqa: E402
+from .quality_table import error_bars, format_ci, metric_ci, quality_with_intervals  # noqa: E402
 
 QUALITY = (("bleu1", "BLEU-1"), ("bleu4", "BLEU-4"), ("meteor", "METEOR"), ("rouge_l", "ROUGE-L"))
 EFFICIENCY = (("ttft", "TTFT s"), ("itps", "ITPS /s"), ("otps", "OTPS /s"), ("oet", "OET s"),
@@ -218,7 +218,7 @@ def _plots(ok: list[dict], langs: list[str], lsweep: list[dict], out: Path) -> N
                     (0.0 if c["method"] == "edge" else 1.0)
                 m = c["metrics"]
                 # the 95% bootstrap interval of BLEU-1 as an error bar (absent in older summaries)
-                yerr = ([[m["bleu1"] - m["bleu1_ci_low"]], [m["bleu1_ci_high"] - m["bleu1"]]]
+                yerr = (error_bars([(m["bleu1"], m["bleu1_ci_low"], m["bleu1_ci_high"])])
                         if "bleu1_ci_low" in m else None)
                 ax.errorbar(x, m["bleu1"], yerr=yerr, fmt="o", color=colors[c["method"]], ms=5, capsize=2,
                             elinewidth=0.8, label=c["method"] if c["method"] != "ugsd" else "UGSD configs")
@@ -237,8 +237,8 @@ def _plots(ok: list[dict], langs: list[str], lsweep: list[dict], out: Path) -> N
         pts = [c for c in lsweep if c["language"] == lang and c["block_len"]]
         xs = [c["block_len"] for c in pts]
         ys = [c["metrics"]["bleu1"] for c in pts]
-        err = [[y - c["metrics"].get("bleu1_ci_low", y) for y, c in zip(ys, pts)],
-               [c["metrics"].get("bleu1_ci_high", y) - y for y, c in zip(ys, pts)]]
+        err = error_bars([(y, c["metrics"].get("bleu1_ci_low", y), c["metrics"].get("bleu1_ci_high", y))
+                          for y, c in zip(ys, pts)])
         axes[0].errorbar(xs, ys, yerr=err, marker="o", capsize=2, label=lang)
         axes[1].plot(xs, [c["metrics"]["total_time"] for c in pts], marker="o", label=lang)
     for ax, ylabel in zip(axes, ("BLEU-1", "total time per caption (s)")):
