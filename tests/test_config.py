@@ -50,7 +50,7 @@ def _resolved(raw, tmp_path, name):
 def test_each_stage_sees_only_its_resolved_params(tmp_path):
     base = {"profile": "default", "profiles": {"ci": {"sweep": {"clips": 5}}}}
     ref = _resolved(base, tmp_path, "a")
-    assert set(ref) == {"prepare", "featurize", "train", "decode", "report", "traces", "gates", "gate_eval", "promote",
+    assert set(ref) == {"prepare", "featurize", "train", "decode", "report", "trace_refs", "traces", "gates", "gate_eval", "promote",
                         "wisv_head", "wisv_eval"}
     # editing a profile that is not selected changes nothing any stage uses
     other = dict(base, profiles={"ci": {"sweep": {"clips": 7}, "models": {"edge": {"train": {"max_steps": 3}}}}})
