@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .config import Params
 from .data.manifest import ManifestError, manifest_path
-from .data.mer2024 import Mer2024Error, read_caption_table
+from .data.mer2024 import Mer2024Error, mer2024_root, read_caption_table
 from .data.trace_pool import PARAM as POOL_PARAM
 from .data.trace_pool import TracePoolError
 from .models.loading import ModelLoadError, checkpoint_missing
@@ -23,9 +23,7 @@ INPUT_ERRORS = (ManifestError, Mer2024Error, TracePoolError, ModelLoadError, Fil
 def check_stage(params: Params, stage: str) -> None:
     """Raise one of INPUT_ERRORS, naming the param, when `stage` cannot start."""
     if stage == "prepare" and params.data.source == "mer2024":
-        if not params.data.mer2024.path:
-            raise Mer2024Error("data.mer2024.path: not set; point it at your local MER2024 copy")
-        read_caption_table(Path(params.data.mer2024.path))
+        read_caption_table(mer2024_root(params.data.mer2024.path))
         pool = params.data.trace_pool.path
         if pool and not Path(pool).is_dir():
             raise TracePoolError(f"{POOL_PARAM}: trace pool folder {pool} not found")

@@ -75,6 +75,13 @@ class MerClip:
     notes: list[str]
 
 
+def mer2024_root(path: str | None) -> Path:
+    """The MER2024 folder params name (data.mer2024.path), or the error that it is not set."""
+    if not path:
+        raise Mer2024Error(f"{PARAM}: not set; point it at your local MER2024 copy")
+    return Path(path)
+
+
 def read_caption_table(root: Path) -> pd.DataFrame:
     if not root.is_dir():
         raise Mer2024Error(f"{PARAM}: MER2024 folder {root} not found (point params at your local copy)")

@@ -13,7 +13,7 @@ from tqdm import tqdm
 from ..config import Params
 from ..fanout import fan_out
 from .manifest import append_jsonl, manifest_path, read_jsonl, write_jsonl
-from .mer2024 import Mer2024Error, load_mer2024
+from .mer2024 import load_mer2024, mer2024_root
 from .synthetic import SPLITS, make_clip, plan_corpus
 from .trace_pool import load_trace_pool
 
@@ -90,10 +90,8 @@ def prepare_mer2024(params: Params) -> dict:
     Clips already 16 kHz mono are used in place; data/raw/mer2024/sources.json says where every clip
     came from (and so the stage's output exists even when nothing needed converting)."""
     mer = params.data.mer2024
-    if not mer.path:
-        raise Mer2024Error("data.mer2024.path: not set; point it at your local MER2024 copy")
     raw = Path(params.data.raw_dir) / "mer2024"
-    clips, skips = load_mer2024(mer.path, params.data.languages, mer.reference_mode, raw / "wav",
+    clips, skips = load_mer2024(mer2024_root(mer.path), params.data.languages, mer.reference_mode, raw / "wav",
                                 params.data.max_clip_seconds)
     pool, pool_skips = [], []
     if params.data.trace_pool.path:

@@ -16,13 +16,7 @@ from pathlib import Path
 
 from ..config import Params
 from ..data.emotions import detect_emotion
-from ..data.manifest import (
-    ManifestError,
-    manifest_path,
-    read_jsonl,
-    read_manifest,
-    write_jsonl,
-)
+from ..data.manifest import ManifestError, manifest_path, read_jsonl, read_manifest, write_jsonl
 from . import sweep
 
 SPLITS = ("train", "val")
@@ -51,9 +45,10 @@ def missing_split_error(params: Params, split: str, language: str) -> ManifestEr
     return ManifestError(f"{path}: no {split} clips in {language} (run the prepare stage: dvc repro prepare)")
 
 
-def captions_path(params: Params, split: str, language: str) -> Path:
-    """The cloud captions of a split, per clip, under the models' fingerprint (resumable)."""
-    return refs_dir(params) / "cloud_captions" / sweep.models_fingerprint(params) / f"{split}.{language}.jsonl"
+def captions_dir(params: Params) -> Path:
+    """Where the cloud captions go, one file per split and language, under the models' fingerprint
+    (resumable; computed once per call: it hashes the embedded models' weights)."""
+    return refs_dir(params) / "cloud_captions" / sweep.models_fingerprint(params)
 
 
 def _captioned(path: Path) -> dict[str, dict]:
@@ -75,7 +70,7 @@ def build_trace_refs(params: Params, pool: sweep.Pool | None, progress=None) -> 
     """Write every train and validation clip with the references it is judged against; `pool`
     (workers holding the models) captions those that take the cloud's and are not captioned yet.
     Returns the stage's report."""
-    keep = captions_path(params, "train", "en").parent
+    keep = captions_dir(params)
     for old in (refs_dir(params) / "cloud_captions").glob("*"):  # other models' captions are never read again
         if old != keep:
             shutil.rmtree(old)
@@ -83,7 +78,7 @@ def build_trace_refs(params: Params, pool: sweep.Pool | None, progress=None) -> 
     for split in SPLITS:
         for lang in params.data.languages:
             recs, todo = _cloud_todo(params, split, lang)
-            cap_path = captions_path(params, split, lang)
+            cap_path = keep / f"{split}.{lang}.jsonl"
             made = _captioned(cap_path)
             missing = [r for r in todo if r["id"] not in made]
             if missing:
@@ -122,11 +117,11 @@ def build_trace_refs(params: Params, pool: sweep.Pool | None, progress=None) -> 
 def count_cloud_captions(params: Params) -> int:
     """How many clips the stage still has to caption with the cloud (its progress bar's total; 0: no
     workers needed)."""
-    n = 0
+    n, cap_dir = 0, captions_dir(params)
     for split in SPLITS:
         for lang in params.data.languages:
             _, todo = _cloud_todo(params, split, lang)
-            made = _captioned(captions_path(params, split, lang))
+            made = _captioned(cap_dir / f"{split}.{lang}.jsonl")
             n += sum(r["id"] not in made for r in todo)
     return n
 
