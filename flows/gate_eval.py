@@ -2,7 +2,8 @@
 budget on the test clips, as a Prefect flow; one MLflow run per (gate, budget, language) under
 one parent; table with intervals and Pareto plot in reports/gates/. Edge-only and cloud-only come
 from the decode stage (reports/references.json) when it holds the same clips (else they are
-captioned here)."""
+captioned here). Under cross-fitting (params data.cross_fit) each clip is decoded by the gates
+of its own fold and the folds are pooled per gate (speccap.pipeline.crossfit)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ from prefect import flow
 from flows import stage_main
 from flows.sweep_runner import run_sweep
 from speccap.config import load_params, materialize
+from speccap.pipeline import folds
+from speccap.pipeline.crossfit import crossfit_configs, fold_clips, pool_folds
+from speccap.pipeline.folds import referenced_clips
 from speccap.pipeline.gate_report import OUT, build_gate_report, decode_references, gate_clips, gate_configs
 from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.sweep import eval_clips
 
 
 REFERENCES = Path("reports/references.json")  # the decode stage's edge-only and cloud-only rows
+RUNS = Path("reports/gate_runs")
 
 
 @flow(name="speccap-gate-eval")
@@ -28,15 +33,23 @@ def gate_eval_flow(params_path: str | None = None, overrides: dict | None = None
     params_path = materialize(params_path, overrides)
     params = load_params(params_path)
     gates_json = read_gates_json(params)
-    configs, tags = gate_configs(params, gates_json)
     n = params.gates.eval_clips
-    clips = {lang: eval_clips(params, lang)[: n or None] for lang in params.data.languages}
+    crossfit = folds.active(params)
+    if crossfit:  # each clip decoded by the gates of its own fold, which never saw it
+        configs, tags = crossfit_configs(params, gates_json)
+        clips = {lang: referenced_clips(params, lang)[: n or None] for lang in params.data.languages}
+        clips_of = fold_clips(gate_clips(params, tags, clips))
+    else:
+        configs, tags = gate_configs(params, gates_json)
+        clips = {lang: eval_clips(params, lang)[: n or None] for lang in params.data.languages}
+        clips_of = gate_clips(params, tags, clips)
     reused = decode_references(REFERENCES, clips)
     have = {(r["method"], r["language"]) for r in reused}
     configs = [c for c in configs if (c.method, c.language) not in have]
-    summary = run_sweep(params, params_path, "gate_eval", configs, gate_clips(params, tags, clips),
-                        str(Path("reports/gate_runs")),
+    summary = run_sweep(params, params_path, "gate_eval", configs, clips_of, str(RUNS),
                         extra_fp=gates_json["gates_key"], run_tags=lambda c: tags.get(c, {}))
+    if crossfit:
+        summary = pool_folds(summary, configs, tags, clips_of, RUNS)
     summary["configs"] += reused
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False))

@@ -8,7 +8,8 @@ its own stage). With gates.dagger.rounds, the captions the loop commits under th
 traced and the gates trained again with them (speccap.pipeline.dagger), round by round. Last, the
 chosen critical gate decodes the validation clips once per R of gates.verify_ranks, and the R its
 flagged tokens are judged by is chosen per language and written into every gate
-(speccap.pipeline.verify_rank) before they are logged.
+(speccap.pipeline.verify_rank) before they are logged. Under cross-fitting (params data.cross_fit)
+each fold's gates are trained too, without that fold (speccap.pipeline.crossfit).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from tqdm import tqdm
 from flows import stage_main
 from speccap.config import load_params
 from speccap.gating.features import TOKEN_SCALARS, token_columns
+from speccap.pipeline import folds
+from speccap.pipeline.crossfit import train_fold_gates
 from speccap.pipeline.dagger import dagger_rounds, total_clips
 from speccap.pipeline.gates import gate_dir, learned_names, train_gates
 from speccap.pipeline.traces import TRACE_DIR, features_of
@@ -56,6 +59,12 @@ def gates_flow(params_path: str | None = None) -> dict:
     finally:
         bar.close()
     stamp_gates(params, result["verify_rank"]["chosen"])
+    if folds.active(params):  # beside the shipped gates, each fold's: trained without it (gate_eval tests them)
+        bar = tqdm(total=params.data.cross_fit.folds, desc="cross-fitted gates", unit="fold")
+        try:
+            result["cross_fit"] = train_fold_gates(params, train, val, result["verify_rank"]["chosen"], bar.update)
+        finally:
+            bar.close()
     out = gate_dir(params)
     key = hashlib.sha256(b"".join((out / f"{n}.pkl").read_bytes() for n in learned_names(params))).hexdigest()[:12]
     result["gates_key"] = key

@@ -14,6 +14,8 @@ from prefect import flow
 from flows import stage_main
 from flows.sweep_runner import run_sweep
 from speccap.config import load_params, materialize
+from speccap.pipeline import folds
+from speccap.pipeline.folds import SHIPPED_VAL_FOLD, referenced_clips
 from speccap.pipeline.sweep import eval_clips
 from speccap.pipeline.wisv import OUT, build_wisv_report, head_path, wisv_configs
 
@@ -29,7 +31,11 @@ def wisv_eval_flow(params_path: str | None = None, overrides: dict | None = None
                                 "dvc repro wisv_head)")
     head = json.loads(report_file.read_text())
     n = params.wisv.eval_clips
-    clips = {lang: eval_clips(params, lang)[: n or None] for lang in params.data.languages}
+    if folds.active(params):  # the head learned from every fold but the shipped validation fold: test on that one
+        clips = {lang: [c for c in referenced_clips(params, lang) if c["fold"] == SHIPPED_VAL_FOLD][: n or None]
+                 for lang in params.data.languages}
+    else:
+        clips = {lang: eval_clips(params, lang)[: n or None] for lang in params.data.languages}
     summary = run_sweep(params, params_path, "wisv_eval", wisv_configs(params), clips, str(Path("reports/wisv_runs")))
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False))

@@ -26,6 +26,9 @@ def test_each_missing_input_is_named_before_the_stage_starts(tmp_path):
         check_stage(_mer(tmp_path), "decode")
     (tmp_path / "edge").mkdir()
     (tmp_path / "cloud").mkdir()
-    with pytest.raises(ManifestError, match="^data.trace_pool.path: not set"):
+    # no pool: the gates learn from folds of the referenced clips, which prepare has not written yet
+    with pytest.raises(ManifestError, match="test.en.jsonl: no test clips to cross-fit over"):
         check_stage(_mer(tmp_path), "trace_refs")
+    with pytest.raises(ManifestError, match="^data.cross_fit.when: never, data.trace_pool.path: not set"):
+        check_stage(_mer(tmp_path, cross_fit={"when": "never"}), "trace_refs")
     check_stage(_mer(tmp_path), "decode")  # the checkpoint folders exist: nothing to say

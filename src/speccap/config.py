@@ -54,6 +54,15 @@ class TracePoolParams:
 
 
 @dataclass(frozen=True)
+class CrossFitParams:
+    # Gates and the WISV head learned on the referenced clips themselves, k folds: each fold's gates
+    # trained on k - 2 folds, thresholded on the next fold, evaluated on their own fold only.
+    # auto = when the corpus has no train clips of its own (MER2024 without a trace pool).
+    when: str = "auto"  # auto | always | never
+    folds: int = 5
+
+
+@dataclass(frozen=True)
 class DataParams:
     source: str = "synthetic"  # synthetic | mer2024
     languages: tuple[str, ...] = ("en", "zh")
@@ -67,6 +76,7 @@ class DataParams:
     # auto = a clip's human references, or the cloud-only caption where it has none (a trace pool);
     # cloud = the cloud-only caption for every clip (how much that loses: benchmarks/cloud_labels.py)
     trace_references: str = "auto"
+    cross_fit: CrossFitParams = field(default_factory=CrossFitParams)
 
 
 @dataclass(frozen=True)
@@ -380,6 +390,7 @@ _CHOICES = {
     "data.source": {"synthetic", "mer2024"},
     "data.mer2024.reference_mode": {"full", "audio_only"},
     "data.trace_references": {"auto", "cloud"},
+    "data.cross_fit.when": {"auto", "always", "never"},
     "models.edge.backend": {"embedded", "qwen2_5_omni", "qwen3_omni_moe"},
     "models.cloud.backend": {"embedded", "qwen2_5_omni", "qwen3_omni_moe"},
     "models.edge.family": {"qwen2_5_omni", "qwen3_omni_moe"},
@@ -468,6 +479,12 @@ def _validate(p: Params) -> None:
     if p.data.trace_pool.path and p.data.source != "mer2024":
         raise ConfigError("params key data.trace_pool.path: a trace pool is for data.source mer2024 (the synthetic "
                           "corpus has referenced train and validation clips of its own)")
+    if p.data.cross_fit.folds < 3:
+        raise ConfigError(f"params key data.cross_fit.folds must be >= 3 (a fold to test, one to threshold on, "
+                          f"one or more to train on), got {p.data.cross_fit.folds}")
+    if p.data.cross_fit.when == "always" and p.data.trace_pool.path:
+        raise ConfigError("params key data.cross_fit.when: always cross-fits over the referenced clips, and "
+                          "data.trace_pool.path gives clips to learn from instead: set one of them")
     if p.data.source == "mer2024":
         embedded = [r for r in ("edge", "cloud") if getattr(p.models, r).backend == "embedded"]
         if embedded:
@@ -622,6 +639,8 @@ def materialize(path: str | os.PathLike | None, overrides: dict | None, out_dir:
 # (resolved/<stage>.json); the stage depends on that file, which only changes when they do.
 _GATE_DECODE = ("decode.temperature", "decode.rule", "decode.rank", "decode.in_flight", "decode.draft_ahead",
                 "decode.edge_time_scale", "decode.cloud_time_scale")
+# whether the gates learn from folds of the test clips (pipeline.folds.active), and how many
+_CROSS_FIT = ("data.source", "data.trace_pool.path", "data.cross_fit")
 STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "prepare": ("seed", "data"),
     "featurize": ("features", "data.max_clip_seconds"),
@@ -629,17 +648,17 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "decode": ("seed", "decode", "link", "sweep", "qs", "models.max_new_tokens", "data.languages",
                "tracking.experiment"),
     "report": ("decode", "link", "data.languages"),
-    "trace_refs": ("seed", "data.trace_references", "decode.temperature", "decode.cloud_time_scale",
+    "trace_refs": ("seed", "data.trace_references", *_CROSS_FIT, "decode.temperature", "decode.cloud_time_scale",
                    "models.max_new_tokens", "data.languages", "sweep.workers", "sweep.threads"),
     "traces": ("seed", "data.trace_references", "gates.traces", "decode.rank", "models.max_new_tokens", "data.languages"),
     # the link changes when the DAgger and verify-rank captions' clocks tick, not what they say: not listed
     "gates": ("seed", "gates.kinds", "gates.targets", "gates.impact_weight", "gates.baselines", "gates.budgets", "gates.registry_name",
               "gates.verify", "gates.verify_ranks", "gates.promote_budget", "gates.traces", "gates.dagger",
               *_GATE_DECODE, "sweep.workers", "sweep.threads", "models.max_new_tokens", "data.languages",
-              "tracking.experiment"),
+              *_CROSS_FIT, "tracking.experiment"),
     # gates are evaluated at the block length their thresholds were calibrated on (gates.traces.block_len),
     # so a change of decode.block_len leaves them alone
-    "gate_eval": ("seed", "gates", *_GATE_DECODE, "link", "sweep.workers", "sweep.threads", "models.max_new_tokens",
+    "gate_eval": ("seed", "gates", *_GATE_DECODE, *_CROSS_FIT, "link", "sweep.workers", "sweep.threads", "models.max_new_tokens",
                   "data.languages", "tracking.experiment"),
     "promote": ("seed", "gates", *_GATE_DECODE, "link", "sweep.workers", "sweep.threads", "models.max_new_tokens",
                 "data.languages", "tracking.experiment"),
@@ -648,7 +667,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
                   "wisv.rank", "wisv.scalars", "wisv.weight_decay", "wisv.patience", "wisv.labels",
                   "gates.traces",
                   "wisv.registry_name", "models.max_new_tokens", "data.languages", "tracking.experiment"),
-    "wisv_eval": ("seed", "wisv", "decode.rank", "sweep.workers", "sweep.threads", "models.max_new_tokens",
+    "wisv_eval": ("seed", "wisv", "decode.rank", *_CROSS_FIT, "sweep.workers", "sweep.threads", "models.max_new_tokens",
                   "data.languages", "tracking.experiment"),
 }
 

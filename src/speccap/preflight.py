@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import Params
-from .data.manifest import ManifestError, manifest_path
+from .data.manifest import ManifestError
 from .data.mer2024 import Mer2024Error, mer2024_root, read_caption_table
 from .data.trace_pool import PARAM as POOL_PARAM
 from .data.trace_pool import TracePoolError
 from .models.loading import ModelLoadError, checkpoint_missing
-from .pipeline.trace_refs import SPLITS, missing_split_error
+from .pipeline.trace_refs import SPLITS, split_records
 
 # the stages that load the edge and cloud models
 MODEL_STAGES = ("decode", "trace_refs", "traces", "gates", "gate_eval", "promote", "wisv_head", "wisv_eval")
@@ -35,5 +35,4 @@ def check_stage(params: Params, stage: str) -> None:
     if stage == "trace_refs":
         for split in SPLITS:
             for lang in params.data.languages:
-                if not manifest_path(params.data.processed_dir, split, lang).exists():
-                    raise missing_split_error(params, split, lang)
+                split_records(params, split, lang)

@@ -12,7 +12,7 @@ from speccap.decoding.engine import cloud_only
 from speccap.decoding.link import Link
 from speccap.models.loading import load_role
 from speccap.pipeline.sweep import Pool
-from speccap.pipeline.trace_refs import build_trace_refs, missing_split_error, refs_dir, training_clips
+from speccap.pipeline.trace_refs import build_trace_refs, refs_dir, training_clips
 
 
 def _copy(tiny_project, tmp_path, **data):
@@ -63,10 +63,23 @@ def test_cloud_references_are_the_cloud_only_caption_and_its_emotion(tiny_projec
     assert {p.name: p.read_text() for p in (refs_dir(params) / "cloud_captions").rglob("*.jsonl")} == kept
 
 
-def test_mer2024_without_a_pool_names_the_param(tiny_project, tmp_path):
-    params, _ = _copy(tiny_project, tmp_path)
-    mer = dataclasses.replace(params, data=dataclasses.replace(params.data, source="mer2024"))
-    err = missing_split_error(mer, "train", "en")
-    assert str(err).startswith("data.trace_pool.path: not set")
+def test_mer2024_without_a_pool_learns_from_folds_of_the_referenced_clips(tiny_project, tmp_path):
+    params, _ = _copy(tiny_project, tmp_path, cross_fit={"when": "never"})
     with pytest.raises(ManifestError, match="run the trace_refs stage"):
         training_clips(params, "train", "en")
+    for lang in params.data.languages:  # like MER2024: referenced clips only, all of them test clips
+        for split in ("train", "val"):
+            manifest_path(params.data.processed_dir, split, lang).unlink()
+    mer = dataclasses.replace(params, data=dataclasses.replace(params.data, source="mer2024"))
+    with pytest.raises(ManifestError, match="^data.cross_fit.when: never, data.trace_pool.path: not set"):
+        build_trace_refs(mer, None)
+    auto = dataclasses.replace(mer, data=dataclasses.replace(
+        mer.data, cross_fit=dataclasses.replace(mer.data.cross_fit, when="auto", folds=3)))
+    report = build_trace_refs(auto, None)
+    assert report["cross_fit_folds"] == 3
+    for lang in params.data.languages:
+        test = read_manifest(manifest_path(params.data.processed_dir, "test", lang))
+        train, val = training_clips(auto, "train", lang), training_clips(auto, "val", lang)
+        assert {c["fold"] for c in val} == {0} and {c["fold"] for c in train} == {1, 2}
+        assert sorted(c["id"] for c in train + val) == sorted(c["id"] for c in test)
+        assert {c["references_from"] for c in train + val} == {"human"}

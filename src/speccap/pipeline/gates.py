@@ -37,8 +37,11 @@ from .traces import features_of
 BLOCK_SUFFIX = "-block"
 
 
-def gate_dir(params: Params) -> Path:
-    return Path(params.models.dir) / "gates"
+def gate_dir(params: Params, fold: int | None = None) -> Path:
+    """Where the gates are saved: the shipped ones, or under cross-fitting those that evaluate
+    `fold` (pipeline.folds)."""
+    root = Path(params.models.dir) / "gates"
+    return root if fold is None else root / "folds" / str(fold)
 
 
 def learned_names(params: Params) -> list[str]:
@@ -224,10 +227,11 @@ def gate_from_saved(saved: dict, threshold: float | dict | None = None, name: st
     return LearnedGate(model, thr, name or saved.get("name"))
 
 
-def load_gate(params: Params, name: str, threshold: float | dict | None = None, cache: dict | None = None):
-    """A learned gate from models/gates/<name>.pkl, at `threshold` (default: the promote budget's,
-    per language)."""
-    path = gate_dir(params) / f"{name}.pkl"
+def load_gate(params: Params, name: str, threshold: float | dict | None = None, cache: dict | None = None,
+              fold: int | None = None):
+    """A learned gate from models/gates/<name>.pkl (`fold`: the cross-fitted one that evaluates that
+    fold), at `threshold` (default: the promote budget's, per language)."""
+    path = gate_dir(params, fold) / f"{name}.pkl"
     if cache is not None and path in cache:
         saved = cache[path]
     else:

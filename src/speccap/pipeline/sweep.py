@@ -45,6 +45,7 @@ class RunConfig:
     tau: float | None = None  # WISV: tolerate a mismatch when P(reject) < tau (None: wisv.tau)
     token: str | None = None  # a token-level gate, verifying the flagged token "alone" or with the "pending" ones
     corrections: int | None = None  # the oracle at a budget: the first k tokens the cloud replaces (Rank.max_corrections)
+    fold: int | None = None  # cross-fitting: the gate is the one that never saw this fold's clips (pipeline.folds)
 
     @property
     def name(self) -> str:
@@ -63,11 +64,12 @@ class RunConfig:
         if self.token is not None:
             length = f"tok{self.token}"
         first = "" if self.corrections is None else f"-first{self.corrections}"
-        return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{rule}{first}{tau}{piped}{temp}{channel}"
+        fold = "" if self.fold is None else f"-fold{self.fold}"
+        return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{rule}{first}{tau}{piped}{temp}{channel}{fold}"
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        for k in ("temperature", "level", "channel", "tau", "token", "corrections"):  # added later: left out when unused, so older keys stay valid
+        for k in ("temperature", "level", "channel", "tau", "token", "corrections", "fold"):  # added later: left out when unused, so older keys stay valid
             if d[k] is None:
                 del d[k]
         return d
@@ -243,7 +245,8 @@ def caption_one(job: tuple[dict, str]) -> dict:
                 settings.policy = QSAdaptive(settings.rule, link, _W["edge"].vocab_size, params.qs.levels,
                                              params.qs.l_max)
             if learned:
-                settings.gate = load_gate(params, cfg.gate, cfg.threshold, cache=_W.setdefault("gates", {}))
+                settings.gate = load_gate(params, cfg.gate, cfg.threshold, cache=_W.setdefault("gates", {}),
+                                          fold=cfg.fold)
             if cfg.token is not None:
                 settings.gate.at_token_level(cfg.token)
             if cfg.corrections is not None:  # the oracle at a budget (blocking loop only: no bonus tokens)

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..config import Params
 from ..data.emotions import detect_emotion
 from ..data.manifest import ManifestError, manifest_path, read_jsonl, read_manifest, write_jsonl
-from . import sweep
+from . import folds, sweep
 
 SPLITS = ("train", "val")
 
@@ -38,11 +38,22 @@ def missing_split_error(params: Params, split: str, language: str) -> ManifestEr
     path = manifest_path(params.data.processed_dir, split, language)
     if params.data.source == "mer2024":
         return ManifestError(
-            f"data.trace_pool.path: not set, and MER2024's referenced clips are all test clips: the gates and "
-            f"the WISV head need {split} clips to learn from. Point data.trace_pool.path at a folder of speech "
-            f"(unlabeled is fine: the cloud's caption is its reference); cross-fitting over the referenced "
-            f"clips is not built yet ({path} does not exist)")
+            f"data.cross_fit.when: never, data.trace_pool.path: not set, and MER2024's referenced clips are all "
+            f"test clips: the gates and the WISV head need {split} clips to learn from. Point data.trace_pool.path "
+            f"at a folder of speech (unlabeled is fine: the cloud's caption is its reference), or let them learn "
+            f"from folds of the referenced clips (data.cross_fit.when: auto) ({path} does not exist)")
     return ManifestError(f"{path}: no {split} clips in {language} (run the prepare stage: dvc repro prepare)")
+
+
+def split_records(params: Params, split: str, language: str) -> list[dict]:
+    """A train or validation split's clips as prepared: the manifest's, or under cross-fitting the
+    shipped gates' folds of the referenced clips (pipeline.folds)."""
+    if folds.active(params):
+        return folds.shipped_split(params, split, language)
+    path = manifest_path(params.data.processed_dir, split, language)
+    if not path.exists():
+        raise missing_split_error(params, split, language)
+    return read_manifest(path)
 
 
 def captions_dir(params: Params) -> Path:
@@ -59,10 +70,7 @@ def _captioned(path: Path) -> dict[str, dict]:
 
 def _cloud_todo(params: Params, split: str, language: str) -> tuple[list[dict], list[dict]]:
     """The split's manifest records, and those that take the cloud's caption."""
-    path = manifest_path(params.data.processed_dir, split, language)
-    if not path.exists():
-        raise missing_split_error(params, split, language)
-    recs = read_manifest(path)
+    recs = split_records(params, split, language)
     return recs, [r for r in recs if needs_cloud(params, r)]
 
 
@@ -74,7 +82,8 @@ def build_trace_refs(params: Params, pool: sweep.Pool | None, progress=None) -> 
     for old in (refs_dir(params) / "cloud_captions").glob("*"):  # other models' captions are never read again
         if old != keep:
             shutil.rmtree(old)
-    report = {"trace_references": params.data.trace_references, "models": keep.name, "splits": {}}
+    report = {"trace_references": params.data.trace_references, "models": keep.name,
+              "cross_fit_folds": params.data.cross_fit.folds if folds.active(params) else None, "splits": {}}
     for split in SPLITS:
         for lang in params.data.languages:
             recs, todo = _cloud_todo(params, split, lang)

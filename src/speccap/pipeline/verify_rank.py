@@ -122,11 +122,11 @@ def choose_verify_rank(params: Params, params_path: str | None, gates_json: dict
     return out
 
 
-def stamp_gates(params: Params, chosen: dict[str, int]) -> None:
+def stamp_gates(params: Params, chosen: dict[str, int], fold: int | None = None) -> None:
     """Write the chosen R per language into every learned gate's pickle (what the registry logs and
-    a deployed champion reads back)."""
+    a deployed champion reads back; `fold`: the cross-fitted gates of that fold)."""
     for name in learned_names(params):
-        path = gate_dir(params) / f"{name}.pkl"
+        path = gate_dir(params, fold) / f"{name}.pkl"
         with open(path, "rb") as fh:
             saved = pickle.load(fh)
         saved["verify_rank"] = dict(chosen)

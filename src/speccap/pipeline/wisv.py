@@ -18,6 +18,8 @@ import pandas as pd
 
 from ..config import Params
 from ..metrics.bootstrap import ClipStats, Mix, interval, mean_relative_change, pooled_mean
+from . import folds
+from .folds import SHIPPED_VAL_FOLD
 from .gates import roc_auc
 from .markdown import md_table
 from .quality_table import format_ci
@@ -461,7 +463,9 @@ def _markdown(params: Params, r: dict) -> str:
                              if k.startswith("val_auc_critical_")) or "-") + ".\n")
     return (
         "# WISV: CSI-aware acceptance vs greedy and rank-R verification\n\n"
-        f"Every block verified (gate `always`), test clips ({params.wisv.eval_clips or 'all'} per language), "
+        f"Every block verified (gate `always`), test clips ({params.wisv.eval_clips or 'all'} per language"
+        + (f"; cross-fitting: only fold {SHIPPED_VAL_FOLD} of {params.data.cross_fit.folds}, the clips the head did not "
+           "learn from" if folds.active(params) else "") + "), "
         f"upload protocol `{params.wisv.protocol}`, tau {params.wisv.tau:g}, WISV's rank cap "
         f"{params.wisv.max_rank or 'none'} (`wisv.max_rank`: a mismatch outside the cloud's top R is repaired "
         "whatever the head says; reports/wisv_rank_cap.md), rank-R with R in "
