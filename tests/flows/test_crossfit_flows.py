@@ -71,6 +71,7 @@ def test_each_clip_is_evaluated_by_gates_that_never_saw_it(own_project, tmp_path
             if " (" not in row["gate_name"]:  # its own fold's threshold, not the shipped gate's
                 own = json.loads((tmp_path / f"models/gates/folds/{f}/gates.json").read_text())
                 assert run["threshold"] == own["gates"][row["gate_name"]]["thresholds"]["0.3"][row["language"]]
+    assert "Cross-fitted over 3 folds" in (tmp_path / "reports/gates/gates.md").read_text()
     en = result["languages"]["en"]
     assert set(en["gates"]) >= {"entropy", "oracle", gates["chosen"]["gain"]}
     assert all(e["clips"] == len(ids["en"]) for e in en["gates"][gates["chosen"]["gain"]])

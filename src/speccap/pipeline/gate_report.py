@@ -205,6 +205,11 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: li
                f"{params.gates.detail_clips} (`gates.detail_clips`, to keep `dvc repro` within its time budget): "
                "their intervals are wider, their gap shares are paired with edge and cloud on those clips, and "
                "their time ratios are against edge-only's mean over all clips.\n" if params.gates.detail_clips else "")]
+    folds = max((len(c["folds"]) for c in summary["configs"] if c.get("folds")), default=0)
+    if folds:  # pipeline.crossfit: the test clips were the only referenced ones
+        text.append(f"Cross-fitted over {folds} folds of the test clips (`data.cross_fit`): each gate and baseline row "
+                    "pools one run per fold, every clip decoded by the gates trained and thresholded without its "
+                    "fold; edge, cloud and the oracle run once over all clips.\n")
     for lang, r in result["languages"].items():
         ref_line = ", ".join(f"{n}: edge {format_ci(r['edge'][k])}, cloud {format_ci(r['cloud'][k])}, gap "
                              f"{format_ci(r['gap'][k], signed=True)}" for k, n in KEYS if k in r["edge"])
