@@ -667,7 +667,9 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
                   "wisv.rank", "wisv.scalars", "wisv.weight_decay", "wisv.patience", "wisv.labels",
                   "gates.traces",
                   "wisv.registry_name", "models.max_new_tokens", "data.languages", "tracking.experiment"),
-    "wisv_eval": ("seed", "wisv", "decode.rank", *_CROSS_FIT, "sweep.workers", "sweep.threads", "models.max_new_tokens",
+    # its edge-only, cloud-only and greedy runs read decode's temperature and clocks, and the link
+    "wisv_eval": ("seed", "wisv", "decode.rank", "decode.temperature", "decode.edge_time_scale",
+                  "decode.cloud_time_scale", "link", *_CROSS_FIT, "sweep.workers", "sweep.threads", "models.max_new_tokens",
                   "data.languages", "tracking.experiment"),
 }
 

@@ -1,0 +1,67 @@
+"""dvc.yaml's code deps are each stage's import closure (scripts/stage_deps.py), so an edit re-runs
+every stage whose code it is, and the check fails when one is missing."""
+
+import importlib.util
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("stage_deps", ROOT / "scripts" / "stage_deps.py")
+stage_deps = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stage_deps)
+
+DECODING_STAGES = ("decode", "trace_refs", "traces", "gates", "gate_eval", "promote", "wisv_head", "wisv_eval")
+
+
+def test_dvc_yaml_lists_exactly_the_code_each_stage_runs():
+    assert stage_deps.differences((ROOT / "dvc.yaml").read_text(), stage_deps.derived()) == []
+
+
+def test_an_edit_of_the_model_code_reruns_every_stage_that_decodes():
+    declared = stage_deps.declared((ROOT / "dvc.yaml").read_text())
+    for stage in DECODING_STAGES:
+        assert "src/speccap/models/fast_step.py" in declared[stage], stage
+        assert "src/speccap/decoding" in declared[stage], stage  # imported inside functions only, in places
+    assert "src/speccap/models/fast_step.py" not in declared["report"]
+
+
+def test_a_removed_dependency_is_named():
+    text = (ROOT / "dvc.yaml").read_text()
+    cut = text.replace("      - src/speccap/pipeline/wisv.py\n", "", 1)
+    assert cut != text
+    diff = stage_deps.differences(cut, stage_deps.derived())
+    assert len(diff) == 1 and "does not list code it runs: src/speccap/pipeline/wisv.py" in diff[0]
+
+
+def test_imports_inside_functions_and_relative_ones_are_followed(tmp_path):
+    files = {
+        "flows/__init__.py": "",
+        "flows/x.py": "def main():\n    from speccap.a import f\n    return f()\n",
+        "src/speccap/__init__.py": "",
+        "src/speccap/a.py": "from . import b\nfrom .tracking import log\n\ndef f():\n    return b.g()\n",
+        "src/speccap/b.py": "def g():\n    from .c import h\n    return h()\n",
+        "src/speccap/c.py": "def h():\n    return 1\n",
+        "src/speccap/tracking.py": "from .unrelated import z\n",
+        "src/speccap/unrelated.py": "z = 0\n",
+        "dvc.yaml": textwrap.dedent("""\
+            stages:
+              x:
+                cmd: python -m flows.x
+                deps:
+                  - data/in
+                  - flows/x.py
+                outs:
+                  - out
+            """),
+    }
+    for name, body in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(body)
+    want = stage_deps.derived(tmp_path)
+    # the logging module is read on purpose without being a result, and so is what it imports
+    assert want["x"] == ["flows/__init__.py", "flows/x.py", "src/speccap/__init__.py", "src/speccap/a.py",
+                         "src/speccap/b.py", "src/speccap/c.py"]
+    text = (tmp_path / "dvc.yaml").read_text()
+    assert "src/speccap/c.py" in stage_deps.differences(text, want)[0]
+    fixed = stage_deps.rewrite(text, want)
+    assert stage_deps.differences(fixed, want) == [] and "  - data/in\n" in fixed and "  - out\n" in fixed
