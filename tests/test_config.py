@@ -73,7 +73,7 @@ def test_resolved_files_are_rewritten_only_when_they_change(tmp_path):
     time.sleep(0.01)
     write_resolved(params_from_dict({"link": {"rtt_ms": 5.0}}), tmp_path)
     changed = {f.name for f in tmp_path.glob("*.json") if f.stat().st_mtime_ns != stamps[f.name]}
-    assert changed == {"decode.json", "report.json", "gate_eval.json", "promote.json"}
+    assert changed == {"decode.json", "report.json", "gate_eval.json", "promote.json", "wisv_eval.json"}
 
 
 def test_overrides_apply_after_the_profile_and_materialize_to_an_equal_file(tmp_path):
