@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from gate_common import clip_stats, read_records, write_report  # noqa: E402
+
 from speccap.config import load_params  # noqa: E402
 from speccap.data.featurize import load_clip_features  # noqa: E402
 from speccap.data.manifest import manifest_path, read_manifest  # noqa: E402

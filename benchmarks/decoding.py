@@ -18,13 +18,12 @@ import json
 import sys
 from pathlib import Path
 
+from common import mean, models_and_test_clips
 from tqdm import tqdm
 
-from common import mean, models_and_test_clips
-from speccap.config import load_params
+from speccap.config import LinkConfig, load_params
 from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, settings_from_params, speculative
 from speccap.decoding.gates import make_gate
-from speccap.config import LinkConfig
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.verify import make_rule
@@ -39,7 +38,7 @@ def run(params_path, n_clips: int, out: Path, threads: int) -> dict:
     max_new = params.models.max_new_tokens
     ugsd = settings_from_params(params.decode, max_new)
     runs = {k: [] for k in ("edge", "cloud", "ugsd", "ugsd_nocache", "self_spec", "cloud_plain")}
-    for rec, lang, mel in tqdm(clips, desc="decode", unit="clip"):
+    for _rec, lang, mel in tqdm(clips, desc="decode", unit="clip"):
         link = lambda: Link(params.link, seed=0)  # noqa: E731 - a fresh channel per run
         runs["edge"].append(edge_only(edge, mel, lang, max_new))
         runs["cloud"].append(cloud_only(cloud, mel, lang, link(), max_new))

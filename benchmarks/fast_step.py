@@ -62,12 +62,13 @@ def _random_lm(size: ThinkerSize, vocab: int) -> ThinkerLM:
 
 def _decode_both(params, n_clips: int, threads: int) -> dict:
     from common import models_and_test_clips
+
     from speccap.decoding.engine import settings_from_params, speculative
     from speccap.decoding.link import Link
     edge, cloud, clips = models_and_test_clips(params, n_clips, threads)
     res = {"hf": [], "fast": []}
     captions = {"hf": [], "fast": []}
-    for rec, lang, mel in clips:
+    for _rec, lang, mel in clips:
         for mode in ("hf", "fast"):
             edge.use_fast_step = cloud.use_fast_step = mode == "fast"
             t = time.perf_counter()

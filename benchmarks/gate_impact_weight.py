@@ -32,16 +32,14 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import load_models  # noqa: E402
-from gate_common import (ci_cells, clip_stats, gate_eval_run, paired_columns, read_gates, read_records,  # noqa: E402
-                         references, rho, write_report)
+from gate_common import ci_cells, clip_stats, gate_eval_run, paired_columns, read_gates, read_records, references, rho, write_report  # noqa: E402
 
 from speccap.config import gate_decode, load_params  # noqa: E402
 from speccap.gating.features import TOKEN_SCALARS  # noqa: E402
-from speccap.gating.token_gates import (LearnedTokenGate, fit_token_gate, impact_weights,  # noqa: E402
-                                        threshold_for_share)
+from speccap.gating.token_gates import LearnedTokenGate, fit_token_gate, impact_weights, threshold_for_share  # noqa: E402
 from speccap.pipeline.gates import end_token  # noqa: E402
-from speccap.pipeline.traces import TRACE_DIR, clip_table, features_of  # noqa: E402
 from speccap.pipeline.sweep import eval_clips  # noqa: E402
+from speccap.pipeline.traces import TRACE_DIR, clip_table, features_of  # noqa: E402
 from speccap.pipeline.verify_rank import default_rank, rank_config  # noqa: E402
 
 

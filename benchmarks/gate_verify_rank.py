@@ -26,8 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gate_common import (ci_cells, clip_stats, gate_eval_run, paired_columns, read_gates, read_records,  # noqa: E402
-                         references, rho, write_report)
+from gate_common import ci_cells, clip_stats, gate_eval_run, paired_columns, read_gates, read_records, references, rho, write_report  # noqa: E402
 
 from speccap.config import load_params  # noqa: E402
 from speccap.pipeline.sweep import Pool, eval_clips, run_config  # noqa: E402

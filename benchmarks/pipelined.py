@@ -27,9 +27,9 @@ import json
 import sys
 from pathlib import Path
 
+from common import mean, models_and_test_clips
 from tqdm import tqdm
 
-from common import mean, models_and_test_clips
 from speccap.config import LinkConfig, MarkovParams, load_params
 from speccap.decoding.engine import cloud_only, edge_only, settings_from_params, speculative
 from speccap.decoding.link import Link
@@ -55,7 +55,7 @@ def run(params_path, n_clips: int, in_flight: list[int], out: Path, threads: int
 
     # calibrate the papers' hardware from this machine's edge-only / cloud-only token rates
     calib = {"edge": [], "cloud": []}
-    for rec, lang, mel in tqdm(clips, desc="calibrate", unit="clip"):
+    for _rec, lang, mel in tqdm(clips, desc="calibrate", unit="clip"):
         calib["edge"].append(edge_only(edge, mel, lang, max_new).metrics()["otps"])
         calib["cloud"].append(cloud_only(cloud, mel, lang, Link(LinkConfig(rtt_ms=0.0)), max_new).metrics()["otps"])
     scales = {"this machine": (1.0, 1.0),
@@ -140,7 +140,8 @@ def markdown(r: dict) -> str:
         for x in r["results"]:
             if x["hardware"] == hw:
                 lines.append(f"| {x['channel']} | {x['mode']} | {x['total_time']:.3f} | {x['tokens']:.1f} | "
-                             f"{x['x_edge']:.2f} | {x['x_edge_per_token']:.2f} | {x['otps']:.1f} | {x['ttft']:.3f} | {x['wait_time']:.3f} | {x['wasted']:.1f} | "
+                             f"{x['x_edge']:.2f} | {x['x_edge_per_token']:.2f} | {x['otps']:.1f} | {x['ttft']:.3f} | "
+                             f"{x['wait_time']:.3f} | {x['wasted']:.1f} | "
                              f"{x['stale']:.1f} | {x['rounds']:.1f} |")
     return "\n".join(lines) + "\n"
 

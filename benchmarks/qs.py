@@ -23,9 +23,9 @@ import json
 import sys
 from pathlib import Path
 
+from common import mean, models_and_test_clips
 from tqdm import tqdm
 
-from common import mean, models_and_test_clips
 from speccap.config import LinkConfig, MarkovParams, load_params
 from speccap.decoding.engine import SpecSettings, cloud_only, speculative
 from speccap.decoding.gates import make_gate

@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import mean, models_and_test_clips
 from tqdm import tqdm
 
-from common import mean, models_and_test_clips
 from speccap.config import LinkConfig, load_params
 from speccap.decoding.engine import settings_from_params, speculative
 from speccap.decoding.link import Link
@@ -323,7 +323,8 @@ def write_md(res: dict, out: Path) -> None:
         "",
         "## Faults",
         "",
-        f"- Server killed (SIGKILL) when 20 of the captions of a 4 x 10 load had finished: {k['captions']} of 40 captions finished, {k['lost']} lost, "
+        f"- Server killed (SIGKILL) when 20 of the captions of a 4 x 10 load had finished: {k['captions']} of 40 "
+        f"captions finished, {k['lost']} lost, "
         f"{k['errors']} errors; {k['captions_flagged']} captions flagged with {k['fallback_blocks']} blocks kept on "
         f"the edge; {k['captions_verified_before']} were verified in full before the kill.",
         f"- Restarted on the same port: {rs['captions']} new captions, {rs['captions_flagged']} flagged "

@@ -45,7 +45,7 @@ def decode(params, clips, mels, lang: str, length: int, link_cfg, rule: str, ran
     and the per-clip quality statistics."""
     settings_of = dataclasses.replace(params.decode, gate="always", block_len=length, rule=rule, rank=rank)
     caps, accepted, rounds = [], 0, 0
-    for c, mel in tqdm(list(zip(clips, mels)), desc=f"{lang} {rule}{rank if rule == 'rank' else ''}", leave=False):
+    for _c, mel in tqdm(list(zip(clips, mels)), desc=f"{lang} {rule}{rank if rule == 'rank' else ''}", leave=False):
         s = settings_from_params(settings_of, params.models.max_new_tokens, params.seed)
         if make_rule is not None:
             s.rule = make_rule()

@@ -25,17 +25,17 @@ from pathlib import Path
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import mean, models_and_test_clips  # noqa: E402
-from serving import Server, shaped_link_down, shaped_link_up  # noqa: E402
+from common import mean, models_and_test_clips
+from serving import Server, shaped_link_down, shaped_link_up
 
-from speccap.config import LinkConfig, load_params  # noqa: E402
-from speccap.decoding.engine import settings_from_params, speculative  # noqa: E402
-from speccap.decoding.link import Link  # noqa: E402
-from speccap.decoding.wisv import WISV  # noqa: E402
-from speccap.gating.wisv import load_head  # noqa: E402
-from speccap.pipeline.wisv import head_path  # noqa: E402
-from speccap.serving.client import VerifierClient  # noqa: E402
-from speccap.serving.edge import caption_remote, check_compatible  # noqa: E402
+from speccap.config import LinkConfig, load_params
+from speccap.decoding.engine import settings_from_params, speculative
+from speccap.decoding.link import Link
+from speccap.decoding.wisv import WISV
+from speccap.gating.wisv import load_head
+from speccap.pipeline.wisv import head_path
+from speccap.serving.client import VerifierClient
+from speccap.serving.edge import caption_remote, check_compatible
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTOCOLS = ("full", "selective")

@@ -22,7 +22,6 @@ from speccap.pipeline.gate_report import OUT, build_gate_report, decode_referenc
 from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.sweep import eval_clips
 
-
 REFERENCES = Path("reports/references.json")  # the decode stage's edge-only and cloud-only rows
 RUNS = Path("reports/gate_runs")
 

@@ -3,13 +3,12 @@ prepare -> featurize -> train -> decode -> report. `python -m flows.pipeline`.""
 
 from prefect import flow
 
-from speccap.config import materialize
-
 from flows.decode import decode_flow
 from flows.featurize import featurize_flow
 from flows.prepare import prepare_flow
 from flows.report import report_flow
 from flows.train import train_flow
+from speccap.config import materialize
 
 
 @flow(name="speccap-pipeline")

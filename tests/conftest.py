@@ -4,6 +4,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from speccap.data.features import log_mel
+
+from .models.conftest import tiny_lm
+
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
@@ -16,6 +20,21 @@ def tone():
         env = 0.6 + 0.4 * np.sin(2 * np.pi * 4 * t) ** 2
         return (amp * x * env / np.max(np.abs(x))).astype(np.float32)
     return make
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """Two different random models of the real Qwen2.5-Omni class sharing a tokenizer: as edge and
+    cloud they disagree often (the decoding, gating and relink tests)."""
+    return tiny_lm("qwen2_5_omni", seed=1), tiny_lm("qwen2_5_omni", seed=2)
+
+
+@pytest.fixture(scope="module")
+def audio():
+    """A 2 s modulated tone and its log-mel at hop 320."""
+    t = np.arange(16000 * 2) / 16000
+    wave = (0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    return wave, log_mel(wave, hop_length=320)
 
 
 @pytest.fixture

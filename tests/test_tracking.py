@@ -80,6 +80,7 @@ def test_gate_registry_alias_and_mlflow_models_serve(tmp_path, monkeypatch):
     assert tracker.champion("gate-test") is None
     # its requirements are stated (not inferred by loading it in a subprocess): installed pins
     import importlib.metadata
+
     from mlflow.artifacts import download_artifacts
     reqs = Path(download_artifacts(f"models:/gate-test/{version}/requirements.txt", dst_path=str(tmp_path / "req")))
     lines = reqs.read_text().split()
@@ -113,7 +114,7 @@ def test_gate_registry_alias_and_mlflow_models_serve(tmp_path, monkeypatch):
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=1)
                 break
-            except Exception:
+            except OSError:  # not listening yet (URLError is one)
                 assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
                 time.sleep(0.5)
         body = json.dumps({"dataframe_split": rows.to_dict(orient="split")}).encode()

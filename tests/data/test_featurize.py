@@ -41,7 +41,7 @@ def test_a_killed_worker_stops_featurize_clearly_and_a_rerun_finishes(tiny_proje
                                            lambda: feats.exists() and len(list(feats.glob("*.npz"))) >= 20, sig)
     assert rc != 0 and after < 30, (rc, after, err[-2000:])
     last = err.strip().splitlines()[-1]
-    assert f"WorkerDied: featurize: worker process" in last and f"killed by {signal.Signals(sig).name}" in last
+    assert "WorkerDied: featurize: worker process" in last and f"killed by {signal.Signals(sig).name}" in last
     assert ("while working on clip" in last or "between two items (the last one it finished: clip" in last)
     assert "Re-run the stage to continue" in last
     kept = {p.name for p in feats.glob("*.npz")}

@@ -7,7 +7,8 @@ import soundfile as sf
 
 from speccap.data.mer2024 import Mer2024Error, audio_part_en, audio_part_zh, load_mer2024, select_reference
 
-ZH = "在视频中，人物皱着眉头；在音频中，说话者语速较快，音量较高，语气中带有不满；在文本中，字幕内容为“你怎么又迟到了”。因此，人物可能感到愤怒。"
+ZH = ("在视频中，人物皱着眉头；在音频中，说话者语速较快，音量较高，语气中带有不满；在文本中，字幕内容为“你怎么又迟到了”。"
+      "因此，人物可能感到愤怒。")
 EN = ("In the video, the person frowns. In the audio, the speaker talks fast with a raised voice. "
       "The tone carries dissatisfaction. In the text, the subtitle says \"You are late again\". "
       "Therefore, the person may feel angry.")

@@ -11,7 +11,6 @@ from speccap.data.manifest import append_jsonl, manifest_path, read_manifest
 from speccap.data.mer2024 import Mer2024Error
 from speccap.data.prepare import prepare
 
-
 # MER2024 runs with real checkpoints (params refuse embedded roles there); prepare never loads them
 REAL_MODELS = {"edge": {"backend": "qwen2_5_omni", "path": "/ckpt/edge"},
                "cloud": {"backend": "qwen2_5_omni", "path": "/ckpt/cloud"}}

@@ -1,14 +1,12 @@
+from speccap.config import LinkConfig
 from speccap.decoding.engine import SpecSettings, speculative
 from speccap.decoding.gates import make_gate
-from speccap.config import LinkConfig
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.verify import make_rule
 
-from .test_engine import audio, pair  # noqa: F401  (fixtures)
 
-
-def test_persistent_cache_gives_the_same_caption_with_less_cloud_work(pair, audio):  # noqa: F811
+def test_persistent_cache_gives_the_same_caption_with_less_cloud_work(pair, audio):
     edge, cloud = pair
     runs = {}
     for cache in (True, False):

@@ -2,32 +2,16 @@ import numpy as np
 import pytest
 import torch
 
-from speccap.data.features import log_mel
+from speccap.config import LinkConfig
 from speccap.decoding import packets
 from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, speculative
 from speccap.decoding.gates import make_gate
-from speccap.config import LinkConfig
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed, UGSDAdaptive
 from speccap.decoding.stats import token_stats
 from speccap.decoding.verify import make_rule
 
-from ..models.conftest import tiny_lm
-
 MAX = 24
-
-
-@pytest.fixture(scope="module")
-def pair():
-    # two different models of the real class sharing a tokenizer: edge and cloud disagree often
-    return tiny_lm("qwen2_5_omni", seed=1), tiny_lm("qwen2_5_omni", seed=2)
-
-
-@pytest.fixture(scope="module")
-def audio():
-    t = np.arange(16000 * 2) / 16000
-    wave = (0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32)
-    return wave, log_mel(wave, hop_length=320)
 
 
 def _spec(gate="entropy", threshold=None, rule="greedy", policy=None, **kw):

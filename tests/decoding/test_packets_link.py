@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from speccap.decoding import packets
 from speccap.config import LinkConfig, MarkovParams
+from speccap.decoding import packets
 from speccap.decoding.link import Link
 
 

@@ -13,7 +13,7 @@ from speccap.decoding.link import Link
 from speccap.decoding.pipelined import pipelined
 from speccap.decoding.policies import Fixed, UGSDAdaptive
 
-from .test_engine import MAX, _entropy_quantile, _spec, audio, pair  # noqa: F401  (fixtures)
+from .test_engine import MAX, _entropy_quantile, _spec
 
 SLOW = LinkConfig(rtt_ms=400.0, uplink_mbps=2.0, downlink_mbps=10.0)
 

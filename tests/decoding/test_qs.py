@@ -6,8 +6,16 @@ import torch
 from scipy.stats import chisquare
 
 from speccap.decoding import packets
-from speccap.decoding.qs import (QuantizeSample, SampleQuantize, lattice_counts, pack_lattice, quantize,
-                                 sparse_bits, unpack_block, unpack_lattice)
+from speccap.decoding.qs import (
+    QuantizeSample,
+    SampleQuantize,
+    lattice_counts,
+    pack_lattice,
+    quantize,
+    sparse_bits,
+    unpack_block,
+    unpack_lattice,
+)
 from speccap.decoding.verify import make_rule
 
 

@@ -10,7 +10,7 @@ from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.relink import link_log, relink
 
-from .test_engine import _entropy_quantile, _spec, audio, pair  # noqa: F401  (fixtures)
+from .test_engine import _entropy_quantile, _spec
 
 FAST = LinkConfig("fast", uplink_mbps=500.0, downlink_mbps=1000.0, rtt_ms=5.0)
 SLOW_LOSSY = LinkConfig("slow", uplink_mbps=2.0, downlink_mbps=10.0, rtt_ms=120.0, packet_error_rate=0.2)

@@ -11,7 +11,7 @@ from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.verify import make_rule
 
-from .test_engine import MAX, audio, pair  # noqa: F401 - fixtures
+from .test_engine import MAX
 
 
 def _spec(gate, rule="greedy", rank=1, **kw):

@@ -212,7 +212,7 @@ def test_selective_hidden_asks_for_the_mismatches_only(pair, mel):
     assert mism == [a for a in asked if a] and rec.hidden_requests == len(mism) > 0
     assert [h[2] for h in hidden] == mism and all(h[3].shape == (len(m), D) for h, m in zip(hidden, mism))
     # the VERIFY carries ids only, and the states follow their request
-    for d, p in sent:
+    for _d, p in sent:
         if packets.parse_header(p)[0] == packets.VERIFY:
             assert packets.verify_tail(p) == b""
     for i, k in enumerate(kinds):

@@ -1,9 +1,9 @@
 """The decode and report stages as Prefect flows, end to end, against a real MLflow SQLite store."""
 
-import pytest
 import json
 import shutil
 
+import pytest
 import yaml
 
 from speccap.tracking import Tracker

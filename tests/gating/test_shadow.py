@@ -5,15 +5,13 @@ import pytest
 
 from speccap.config import LinkConfig
 from speccap.decoding.engine import SpecSettings, edge_only, speculative
-from speccap.decoding.gates import Gate, make_gate
+from speccap.decoding.gates import Gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.verify import cloud_rank, make_rule
 from speccap.gating.features import token_columns, token_rows
 from speccap.gating.shadow import ShadowSettings, shadow_caption
 from speccap.gating.traces import quality_parts
-
-from ..decoding.test_engine import audio, pair  # noqa: F401 - fixtures
 
 MAX = 16
 REFS = ["A speaker says something in a calm voice.", "Someone talks calmly."]
@@ -48,15 +46,15 @@ def test_trajectory_is_the_edge_only_caption_and_ranks_are_the_clouds(pair, audi
     x, labels, caption = traced
     ref = edge_only(edge, audio[1], "en", MAX)
     assert caption == ref.caption
-    assert [l["token"] for l in labels if l["token"] != edge.eos_token_id] == ref.token_ids
+    assert [row["token"] for row in labels if row["token"] != edge.eos_token_id] == ref.token_ids
     sess = cloud.start(audio[1], "en")  # token by token, not one forward over the caption
     logits = sess.prefill_logits
-    for l in labels:
-        assert l["cloud_rank"] == cloud_rank(logits, l["token"])
-        assert l["mismatch"] == (l["cloud_rank"] > 2)
-        if l["token"] != edge.eos_token_id:
-            logits = sess.extend([l["token"]]).logits[-1]
-    assert any(l["mismatch"] for l in labels)  # the tiny models disagree
+    for row in labels:
+        assert row["cloud_rank"] == cloud_rank(logits, row["token"])
+        assert row["mismatch"] == (row["cloud_rank"] > 2)
+        if row["token"] != edge.eos_token_id:
+            logits = sess.extend([row["token"]]).logits[-1]
+    assert any(row["mismatch"] for row in labels)  # the tiny models disagree
 
 
 def test_features_are_what_a_token_gate_sees_in_the_loop(pair, audio, traced):
@@ -73,17 +71,17 @@ def test_features_are_what_a_token_gate_sees_in_the_loop(pair, audio, traced):
 def test_impact_is_the_loop_correcting_that_token_and_the_edge_finishing(pair, audio, traced):
     edge, cloud = pair
     _, labels, caption = traced
-    mismatches = [l for l in labels if l["mismatch"]]
-    for l in mismatches[:3]:
-        probe = _Probe(positions=[l["pos"]], eos=edge.eos_token_id)
+    mismatches = [row for row in labels if row["mismatch"]]
+    for row in mismatches[:3]:
+        probe = _Probe(positions=[row["pos"]], eos=edge.eos_token_id)
         spec = SpecSettings(gate=probe, rule=make_rule("rank", rank=2), policy=Fixed(4), max_new_tokens=MAX)
         fixed = speculative(edge, cloud, audio[1], "en", spec, Link(LinkConfig()))
         assert fixed.corrected == 1
         q_fix, q_keep = quality_parts([fixed.caption, caption], REFS, "en", "neutral")
         expect = (3 * (q_fix[0] - q_keep[0]) + 100 * (q_fix[1] - q_keep[1])) / 4
-        assert l["impact"] == pytest.approx(expect)
-        assert l["critical"] == (expect > 0.5)
-    assert all(l["impact"] == 0.0 for l in labels if not l["mismatch"])
+        assert row["impact"] == pytest.approx(expect)
+        assert row["critical"] == (expect > 0.5)
+    assert all(row["impact"] == 0.0 for row in labels if not row["mismatch"])
 
 
 def test_dagger_on_the_edges_own_caption_is_the_first_round(pair, audio, traced):
@@ -93,7 +91,7 @@ def test_dagger_on_the_edges_own_caption_is_the_first_round(pair, audio, traced)
     ids = edge_only(edge, audio[1], "en", MAX).token_ids
     x2, labels2, caption2 = shadow_caption(edge, cloud, audio[1], "en", REFS, "neutral", ShadowSettings(2, 0.5, MAX),
                                            committed=ids)
-    assert caption2 == caption and labels2 == labels and all(l["kept"] for l in labels2)
+    assert caption2 == caption and labels2 == labels and all(row["kept"] for row in labels2)
     np.testing.assert_allclose(x2, x, atol=2e-2)
 
 
@@ -110,7 +108,7 @@ def test_dagger_traces_the_gated_loops_caption_against_the_loop_itself(pair, aud
     edge, cloud = pair
     x0, labels0, _ = traced
     dim = x0.shape[1] - len(token_columns(0))
-    p0 = next(l["pos"] for l in labels0 if l["mismatch"])
+    p0 = next(row["pos"] for row in labels0 if row["mismatch"])
     rec, probe = _loop(pair, audio, [p0], dim)
     assert rec.corrected == 1
     x, labels, caption = shadow_caption(edge, cloud, audio[1], "en", REFS, "neutral", ShadowSettings(2, 0.5, MAX),
@@ -118,13 +116,13 @@ def test_dagger_traces_the_gated_loops_caption_against_the_loop_itself(pair, aud
     assert caption == rec.caption
     # the features are what the gate saw at each draft of that loop (teacher-forced: to float16 rounding)
     np.testing.assert_allclose(x, np.stack(probe.rows), atol=2e-2)
-    assert [l["pos"] for l in labels if not l["kept"]] == [p0] and labels[p0]["mismatch"]
-    later = [l for l in labels if l["mismatch"] and l["pos"] > p0]
+    assert [row["pos"] for row in labels if not row["kept"]] == [p0] and labels[p0]["mismatch"]
+    later = [row for row in labels if row["mismatch"] and row["pos"] > p0]
     assert later  # the tiny models disagree again after the correction
-    for l in later[:2]:
-        fixed, _ = _loop(pair, audio, [p0, l["pos"]])  # correct it too; the edge finishes
+    for row in later[:2]:
+        fixed, _ = _loop(pair, audio, [p0, row["pos"]])  # correct it too; the edge finishes
         q_fix, q_keep = quality_parts([fixed.caption, rec.caption], REFS, "en", "neutral")
-        assert l["impact"] == pytest.approx((3 * (q_fix[0] - q_keep[0]) + 100 * (q_fix[1] - q_keep[1])) / 4)
+        assert row["impact"] == pytest.approx((3 * (q_fix[0] - q_keep[0]) + 100 * (q_fix[1] - q_keep[1])) / 4)
     # the corrected position itself: "keep" is the edge's draft there, the edge finishing from it
     keep, _ = _loop(pair, audio, [])
     q_fix, q_keep = quality_parts([rec.caption, keep.caption], REFS, "en", "neutral")
@@ -141,19 +139,19 @@ def test_judged_mismatches_keep_what_wisvs_head_reads(pair, audio, traced):
     _, labels, _ = traced
     ids = edge_only(edge, audio[1], "en", MAX).token_ids
     eos = edge.eos_token_id
-    with_states = [l for l in labels if "h_edge" in l]
-    assert with_states and all(l["mismatch"] for l in with_states)
-    for l in with_states[:3]:
-        j = l["pos"]
-        assert ids[j] == l["token"]
+    with_states = [row for row in labels if "h_edge" in row]
+    assert with_states and all(row["mismatch"] for row in with_states)
+    for row in with_states[:3]:
+        j = row["pos"]
+        assert ids[j] == row["token"]
         he = edge.start(audio[1], "en").extend(ids[: j + 1], True).hidden[-1]
         hc = cloud.start(audio[1], "en").extend(ids[: j + 1], True).hidden[-1]
-        torch.testing.assert_close(torch.tensor(l["h_edge"]), he.half().float(), atol=2e-2, rtol=0)
-        torch.testing.assert_close(torch.tensor(l["h_cloud"]), hc.half().float(), atol=2e-2, rtol=0)
+        torch.testing.assert_close(torch.tensor(row["h_edge"]), he.half().float(), atol=2e-2, rtol=0)
+        torch.testing.assert_close(torch.tensor(row["h_cloud"]), hc.half().float(), atol=2e-2, rtol=0)
         sess = cloud.start(audio[1], "en")
         logits = sess.extend(ids[:j]).logits[-1] if j else sess.prefill_logits
-        np.testing.assert_allclose(l["c_scalars"], cloud_scalars(logits, l["token"]), rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(row["c_scalars"], cloud_scalars(logits, row["token"]), rtol=1e-3, atol=1e-3)
     # the mismatches without them are about the caption's end, which WISV never judges
-    for l in labels:
-        if l["mismatch"] and "h_edge" not in l:
-            assert l["token"] == eos or l["cloud_token"] == eos or l["pos"] >= len(labels) - 1
+    for row in labels:
+        if row["mismatch"] and "h_edge" not in row:
+            assert row["token"] == eos or row["cloud_token"] == eos or row["pos"] >= len(labels) - 1

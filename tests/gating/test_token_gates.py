@@ -4,7 +4,7 @@ import pytest
 
 from speccap.decoding.stats import Block, TokenStats
 from speccap.gating.features import TOKEN_SCALARS, token_rows
-from speccap.gating.token_gates import (TOKEN_KINDS, LearnedTokenGate, fit_token_gate, threshold_for_share)
+from speccap.gating.token_gates import TOKEN_KINDS, LearnedTokenGate, fit_token_gate, threshold_for_share
 from speccap.pipeline.gates import roc_auc
 
 DIM, EOS = 8, 0

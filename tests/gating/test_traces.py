@@ -7,11 +7,9 @@ from speccap.decoding.engine import SpecSettings, speculative
 from speccap.decoding.gates import Always
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
+from speccap.decoding.stats import cloud_scalars
 from speccap.decoding.verify import Rank
 from speccap.gating.traces import NO_LINK, TraceSettings, finish, quality, trace_caption
-from speccap.decoding.stats import cloud_scalars
-
-from ..decoding.test_engine import audio, pair  # noqa: F401  (fixtures)
 
 REFS = ["the speaker sounds calm and steady", "a calm steady voice"]
 

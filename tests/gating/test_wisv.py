@@ -2,8 +2,17 @@ import numpy as np
 import pytest
 import torch
 
-from speccap.gating.wisv import (CSI, channel_quality, draw_csi, relabel, repair_budget, repair_probability,
-                                 repair_threshold, smoothed_importance, train_head)
+from speccap.gating.wisv import (
+    CSI,
+    channel_quality,
+    draw_csi,
+    relabel,
+    repair_budget,
+    repair_probability,
+    repair_threshold,
+    smoothed_importance,
+    train_head,
+)
 
 
 def test_smoothed_importance_formula():

@@ -8,6 +8,7 @@ from speccap.data.manifest import manifest_path, read_manifest
 from speccap.models.generate import generate
 from speccap.models.loading import load_role
 
+
 def test_train_stage_writes_both_captioners_and_the_tokenizer(tiny_project):
     params, report, _ = tiny_project
     models = params.models.dir

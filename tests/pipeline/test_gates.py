@@ -73,6 +73,7 @@ def test_impact_weight_changes_the_critical_gates_only(tmp_path):
 
 def test_the_gain_target_is_chosen_by_the_gain_it_captures_and_leads_as_the_first_target(tmp_path):
     import numpy as np
+
     from speccap.pipeline.dagger import round_gate
     from speccap.pipeline.gates import captured, main_gate
     p = params_from_dict({"models": {"dir": str(tmp_path)}, "gates": {

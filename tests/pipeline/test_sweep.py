@@ -4,7 +4,7 @@ import json
 import pytest
 
 from speccap.config import params_from_dict
-from speccap.pipeline.sweep import Pool, RunConfig, build_configs, config_key, run_config, summarize, eval_clips
+from speccap.pipeline.sweep import Pool, RunConfig, build_configs, config_key, eval_clips, run_config, summarize
 
 
 def test_configs_cover_baselines_l_sweep_and_gates():

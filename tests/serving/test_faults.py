@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from speccap.decoding.engine import edge_only, speculative
 from speccap.decoding.gates import Gate
 from speccap.serving.edge import caption_remote

@@ -24,7 +24,6 @@ from abc import ABC, abstractmethod
 
 from .stats import Block
 
-
 VERIFY = ("alone", "pending")
 
 

@@ -256,4 +256,5 @@ def last_token(block: Block) -> Block:
     """The block's last token as a block of its own (token level, `verify = "alone"`)."""
     n = len(block) - 1
     return Block(start=block.start + n, tokens=block.tokens[n:], stats=block.stats[n:], q=block.q[n:],
-                 hidden=block.hidden[n:], context=block.context[n:], accept_rate=block.accept_rate, audio=block.audio, language=block.language)
+                 hidden=block.hidden[n:], context=block.context[n:], accept_rate=block.accept_rate, audio=block.audio,
+                 language=block.language)

@@ -49,9 +49,9 @@ from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
 from . import packets
 from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, last_token
-from .record import CaptionRecord, Clock, account, finish
 from .link import Link
 from .policies import LengthPolicy
+from .record import CaptionRecord, Clock, account, finish
 from .stats import Block, audio_summary
 from .verify import Verdict
 

@@ -12,10 +12,10 @@ class LengthPolicy(ABC):
     def next_length(self) -> int:
         ...
 
-    def update(self, drafted: int, accepted: int, escalated: bool, corrected: bool) -> None:
+    def update(self, drafted: int, accepted: int, escalated: bool, corrected: bool) -> None:  # noqa: B027 - optional hook
         """Told after each block what became of it."""
 
-    def observe(self, rec) -> None:
+    def observe(self, rec) -> None:  # noqa: B027 - optional hook
         """Told after each verification the caption's record so far (for policies that plan
         with measured compute times)."""
 

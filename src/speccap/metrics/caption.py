@@ -18,8 +18,7 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from nltk.translate.bleu_score import (SmoothingFunction, closest_ref_length, corpus_bleu, modified_precision,
-                                       sentence_bleu)
+from nltk.translate.bleu_score import SmoothingFunction, closest_ref_length, corpus_bleu, modified_precision, sentence_bleu
 from rouge_score import rouge_scorer
 
 from ..data.emotions import detect_emotion

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transformers import (Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration,
-                          Qwen3OmniMoeThinkerForConditionalGeneration)
+from transformers import Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration, Qwen3OmniMoeThinkerForConditionalGeneration
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeThinkerConfig
 
-from ..config import ThinkerSize  # noqa: E402  (the size is a params type)
+from ..config import ThinkerSize
 
 FAMILIES = ("qwen2_5_omni", "qwen3_omni_moe")
 

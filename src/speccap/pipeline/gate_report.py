@@ -38,7 +38,8 @@ from .gates import BLOCK_SUFFIX, main_gate
 from .markdown import md_table
 from .quality_table import error_bars, format_ci
 from .sweep import RunConfig
-from .verify_rank import default_rank, rule_fields, section as verify_rank_section
+from .verify_rank import default_rank, rule_fields
+from .verify_rank import section as verify_rank_section
 
 OUT = Path("reports/gates")
 ORACLE = "oracle"

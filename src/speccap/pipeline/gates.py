@@ -30,8 +30,7 @@ import pandas as pd
 from ..config import Params
 from ..gating.features import TOKEN_SCALARS
 from ..gating.learned import LearnedGate, rule_token_scores, threshold_for_budget
-from ..gating.token_gates import (LearnedTokenGate, TokenGateModel, fit_token_gate, impact_weights,
-                                  target_values, threshold_for_share)
+from ..gating.token_gates import LearnedTokenGate, TokenGateModel, fit_token_gate, impact_weights, target_values, threshold_for_share
 from .traces import features_of
 
 BLOCK_SUFFIX = "-block"

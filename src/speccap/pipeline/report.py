@@ -10,11 +10,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from ..config import Params  # noqa: E402
-from .markdown import md_table  # noqa: E402
-from .quality_table import error_bars, format_ci, metric_ci, quality_with_intervals  # noqa: E402
+from ..config import Params
+from .markdown import md_table
+from .quality_table import error_bars, format_ci, metric_ci, quality_with_intervals
 
 QUALITY = (("bleu1", "BLEU-1"), ("bleu4", "BLEU-4"), ("meteor", "METEOR"), ("rouge_l", "ROUGE-L"))
 EFFICIENCY = (("ttft", "TTFT s"), ("itps", "ITPS /s"), ("otps", "OTPS /s"), ("oet", "OET s"),
@@ -115,7 +115,8 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
 
     # L sweep at the default gate
     lsweep = sorted([c for c in ugsd if _at_default_gate(c, params)], key=lambda c: (c["language"], c["block_len"] or 999))
-    rows = [[c["language"], "adaptive" if c["block_len"] == 0 else c["block_len"], c.get("clips"), format_ci(metric_ci(c["metrics"], "bleu1"))] +
+    rows = [[c["language"], "adaptive" if c["block_len"] == 0 else c["block_len"], c.get("clips"),
+             format_ci(metric_ci(c["metrics"], "bleu1"))] +
             [c["metrics"].get(k) for k in ("meteor", "rouge_l", "total_time", "rho", "aal", "rounds")]
             for c in lsweep]
     (out / "tables" / "l_sweep.md").write_text(
@@ -203,7 +204,8 @@ def _pipelined_table(params: Params, ok: list[dict], langs: list[str], pick: dic
         f"link {params.link.name}: RTT {params.link.rtt_ms:g} ms)\n\nPer caption means. N = blocks in flight while the "
         "edge drafts ahead; wasted = drafted tokens thrown away after a rejection; stale = blocks the cloud dropped "
         "unverified. For greedy rules the captions are the blocking loop's, so quality only moves with sampling.\n\n"
-        + _clips_note(params) + _table(["lang", "mode", "clips", "total s", "x edge-only", "OTPS", "wait s", "wasted", "stale", "rounds", "BLEU-1"],
+        + _clips_note(params) + _table(["lang", "mode", "clips", "total s", "x edge-only", "OTPS", "wait s", "wasted",
+                                        "stale", "rounds", "BLEU-1"],
                  rows))
 
 

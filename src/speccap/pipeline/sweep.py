@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import LinkConfig, Params, load_params
-from ..fanout import WorkerPool
 from ..data.manifest import append_jsonl, manifest_path, read_jsonl, read_manifest
+from ..fanout import WorkerPool
 from ..metrics.bootstrap import ClipStats, with_intervals
 from ..metrics.caption import score_captions
 
@@ -69,7 +69,8 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        for k in ("temperature", "level", "channel", "tau", "token", "corrections", "fold"):  # added later: left out when unused, so older keys stay valid
+        # added later: left out when unused, so older keys stay valid
+        for k in ("temperature", "level", "channel", "tau", "token", "corrections", "fold"):
             if d[k] is None:
                 del d[k]
         return d

@@ -18,8 +18,8 @@ import numpy as np
 from ..decoding import packets
 from ..decoding.engine import blocking_loop
 from ..decoding.halves import SpecSettings, hidden_upload, wisv_protocol
-from ..decoding.record import CaptionRecord, Clock, account
 from ..decoding.link import Link
+from ..decoding.record import CaptionRecord, Clock, account
 from ..decoding.stats import Block
 from ..decoding.verify import Verdict
 from ..decoding.wisv import csi_of

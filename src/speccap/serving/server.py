@@ -205,7 +205,7 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
         session.q_dtype = req.q_dtype
         try:
             await in_thread(cloud.prefill)
-        except Exception as exc:  # noqa: BLE001 - the model refused these features: this session only
+        except Exception as exc:  # the model refused these features: this session only
             store.drop(session.id)
             log.exception("prefill failed for session %d", session.id)
             raise ServingError(422, f"the model could not encode these features: {exc}") from None
