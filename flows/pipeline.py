@@ -1,5 +1,6 @@
-"""The whole pipeline as one Prefect flow (the same stages dvc.yaml runs one by one):
-prepare -> featurize -> train -> decode -> report. `python -m flows.pipeline`."""
+"""The first five stages as one Prefect flow, what a deployment schedules: prepare -> featurize ->
+train -> decode -> report (`python -m flows.pipeline`). The trace, gate and WISV stages after them
+run from dvc.yaml (`dvc repro`)."""
 
 from prefect import flow
 
