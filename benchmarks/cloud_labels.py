@@ -40,12 +40,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from gate_common import KEYS, clip_stats, references, write_report  # noqa: E402
 
 from speccap.config import load_params  # noqa: E402
-from speccap.gating.wisv import head_dataset, load_head  # noqa: E402
+from speccap.decoding.decision_head import load_head  # noqa: E402
+from speccap.gating.wisv import head_dataset  # noqa: E402
 from speccap.metrics.bootstrap import difference, gap_closed, interval  # noqa: E402
 from speccap.pipeline.gates import main_gate, roc_auc  # noqa: E402
+from speccap.pipeline.saved import head_path  # noqa: E402
 from speccap.pipeline.sweep import Pool, RunConfig, eval_clips, run_config  # noqa: E402
 from speccap.pipeline.verify_rank import default_rank, rule_fields  # noqa: E402
-from speccap.pipeline.wisv import head_path, judged, shadow_traces  # noqa: E402
+from speccap.pipeline.wisv import judged, shadow_traces  # noqa: E402
 
 SIDES = ("human", "cloud")
 

@@ -26,7 +26,7 @@ from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, setting
 from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
-from speccap.decoding.verify import make_rule
+from speccap.decoding.rules import make_rule
 from speccap.metrics.caption import score_captions
 
 NO_LINK = LinkConfig(name="none", uplink_mbps=1e9, downlink_mbps=1e9, rtt_ms=0.0, overhead_bytes=0)

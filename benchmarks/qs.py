@@ -32,7 +32,7 @@ from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed, UGSDAdaptive
 from speccap.decoding.qs import QSAdaptive
-from speccap.decoding.verify import make_rule
+from speccap.decoding.rules import make_rule
 from speccap.metrics.caption import score_captions
 from speccap.models.base import shared_vocab
 

@@ -36,8 +36,9 @@ from speccap.decoding.wisv import WISV  # noqa: E402
 from speccap.metrics.bootstrap import ClipStats, interval, mean_relative_change  # noqa: E402
 from speccap.metrics.caption import score_captions  # noqa: E402
 from speccap.pipeline.markdown import md_table  # noqa: E402
+from speccap.pipeline.saved import cached_head  # noqa: E402
 from speccap.pipeline.sweep import _W, _init_worker  # noqa: E402
-from speccap.pipeline.wisv import cached_head, frontier_mix  # noqa: E402
+from speccap.pipeline.wisv import frontier_mix  # noqa: E402
 
 
 def decode(params, clips, mels, lang: str, length: int, link_cfg, rule: str, rank: int = 1, make_rule=None) -> dict:

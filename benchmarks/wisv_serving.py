@@ -29,11 +29,11 @@ from common import mean, models_and_test_clips
 from serving import Server, shaped_link_down, shaped_link_up
 
 from speccap.config import LinkConfig, load_params
+from speccap.decoding.decision_head import load_head
 from speccap.decoding.engine import settings_from_params, speculative
 from speccap.decoding.link import Link
 from speccap.decoding.wisv import WISV
-from speccap.gating.wisv import load_head
-from speccap.pipeline.wisv import head_path
+from speccap.pipeline.saved import head_path
 from speccap.serving.client import VerifierClient
 from speccap.serving.edge import caption_remote, check_compatible
 

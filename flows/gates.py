@@ -27,7 +27,8 @@ from speccap.gating.features import TOKEN_SCALARS, token_columns
 from speccap.pipeline import folds
 from speccap.pipeline.crossfit import train_fold_gates
 from speccap.pipeline.dagger import dagger_rounds, total_clips
-from speccap.pipeline.gates import gate_dir, learned_names, train_gates
+from speccap.pipeline.gates import learned_names, train_gates
+from speccap.pipeline.saved import gate_dir
 from speccap.pipeline.traces import TRACE_DIR, features_of
 from speccap.pipeline.verify_rank import choose_verify_rank, stamp_gates, total_captions
 from speccap.tracking import Tracker

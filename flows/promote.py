@@ -14,8 +14,9 @@ from flows import stage_main
 from speccap.config import load_params
 from speccap.models.base import shared_vocab
 from speccap.models.loading import load_role
-from speccap.pipeline.gates import gate_from_saved, load_gate, read_gates_json
+from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.promote import decide, evaluate_gate, validation_clips
+from speccap.pipeline.saved import gate_from_saved, load_gate
 from speccap.tracking import Tracker
 
 OUT = Path("reports/promotion.json")

@@ -16,8 +16,9 @@ from flows.sweep_runner import run_sweep
 from speccap.config import load_params, materialize
 from speccap.pipeline import folds
 from speccap.pipeline.folds import SHIPPED_VAL_FOLD, referenced_clips
+from speccap.pipeline.saved import head_path
 from speccap.pipeline.sweep import eval_clips
-from speccap.pipeline.wisv import OUT, build_wisv_report, head_path, wisv_configs
+from speccap.pipeline.wisv import OUT, build_wisv_report, wisv_configs
 
 
 @flow(name="speccap-wisv-eval")

@@ -43,7 +43,7 @@ def module_file(root: Path, module: str) -> Path | None:
     return None
 
 
-def _module_of(path: Path) -> str:
+def module_of(path: Path) -> str:
     for top, base in PACKAGES.items():
         if path.is_relative_to(base):
             parts = list(path.relative_to(base).with_suffix("").parts)
@@ -57,7 +57,7 @@ def imported_modules(root: Path, path: Path) -> set[str]:
     """Every module `path` imports, anywhere in it, with relative names made absolute; for
     `from X import name`, X.name too when that is a module."""
     tree = ast.parse((root / path).read_text(encoding="utf-8"), filename=str(path))
-    here = _module_of(path)
+    here = module_of(path)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     out = set()
     for node in ast.walk(tree):

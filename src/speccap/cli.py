@@ -105,9 +105,9 @@ def _decode_overrides(params, args):
 
 def _wisv_rule(params, args):
     """WISV with the head trained by the wisv_head stage (or --wisv-head), at --tau or wisv.tau."""
+    from .decoding.decision_head import load_head
     from .decoding.wisv import WISV
-    from .gating.wisv import load_head
-    from .pipeline.wisv import head_path
+    from .pipeline.saved import head_path
     head = load_head(args.wisv_head or head_path(params))
     return WISV(head, params.wisv.tau if args.tau is None else args.tau, params.wisv.protocol, params.wisv.max_rank)
 
@@ -150,8 +150,8 @@ def _cmd_serve_cloud(args) -> int:
     cloud = load_role(params, "cloud")
     head = None
     if args.wisv_head is not None or args.wisv:  # the head sessions opened with the wisv rule judge with
-        from .gating.wisv import load_head
-        from .pipeline.wisv import head_path
+        from .decoding.decision_head import load_head
+        from .pipeline.saved import head_path
         head = load_head(args.wisv_head or head_path(params))
     serve(cloud, tokens, limits, args.host, args.port, args.certfile, args.keyfile, args.compute_slots, head)
     return 0
@@ -217,7 +217,7 @@ def _add_decoding_options(s) -> None:
 
 def _champion_gate(params, threshold: float | None):
     """The gate holding alias `champion` in the MLflow registry (gates.registry_name)."""
-    from .pipeline.gates import gate_from_saved
+    from .pipeline.saved import gate_from_saved
     from .tracking import Tracker
     tracker = Tracker(params.tracking.uri, params.tracking.experiment)
     if tracker.champion(params.gates.registry_name) is None:

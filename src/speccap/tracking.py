@@ -303,7 +303,7 @@ def _wisv_pyfunc():
         def load_context(self, context):
             import json
 
-            from speccap.gating.wisv import load_head
+            from speccap.decoding.decision_head import load_head
             self.head = load_head(context.artifacts["head"])
             with open(context.artifacts["meta"]) as fh:
                 self.tau = json.load(fh)["tau"]

@@ -3,7 +3,7 @@ from speccap.decoding.engine import SpecSettings, speculative
 from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
-from speccap.decoding.verify import make_rule
+from speccap.decoding.rules import make_rule
 
 
 def test_persistent_cache_gives_the_same_caption_with_less_cloud_work(pair, audio):

@@ -8,8 +8,8 @@ from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, specula
 from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed, UGSDAdaptive
+from speccap.decoding.rules import make_rule
 from speccap.decoding.stats import token_stats
-from speccap.decoding.verify import make_rule
 
 MAX = 24
 

@@ -16,7 +16,7 @@ from speccap.decoding.qs import (
     unpack_block,
     unpack_lattice,
 )
-from speccap.decoding.verify import make_rule
+from speccap.decoding.rules import make_rule
 
 
 def test_lattice_counts_sum_to_the_level_and_round_to_nearest():

@@ -9,7 +9,7 @@ from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, specula
 from speccap.decoding.gates import Gate, make_gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
-from speccap.decoding.verify import make_rule
+from speccap.decoding.rules import make_rule
 
 from .test_engine import MAX
 

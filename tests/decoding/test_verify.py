@@ -3,7 +3,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from speccap.decoding.verify import Rank, SpecSampling, cloud_rank, make_rule
+from speccap.decoding.rules import make_rule
+from speccap.decoding.verify import Rank, SpecSampling, cloud_rank
 
 EOS = 0
 

@@ -7,13 +7,14 @@ import torch
 
 from speccap.config import LinkConfig
 from speccap.decoding import packets
+from speccap.decoding.decision_head import CSI, DecisionHead
 from speccap.decoding.engine import SpecSettings, speculative
 from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
-from speccap.decoding.verify import Rank, make_rule
+from speccap.decoding.rules import make_rule
+from speccap.decoding.verify import Rank
 from speccap.decoding.wisv import WISV, csi_of
-from speccap.gating.wisv import CSI, DecisionHead
 
 D = 32  # the tiny models' hidden size
 

@@ -8,7 +8,8 @@ from speccap.decoding.engine import SpecSettings, edge_only, speculative
 from speccap.decoding.gates import Gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
-from speccap.decoding.verify import cloud_rank, make_rule
+from speccap.decoding.rules import make_rule
+from speccap.decoding.verify import cloud_rank
 from speccap.gating.features import token_columns, token_rows
 from speccap.gating.shadow import ShadowSettings, shadow_caption
 from speccap.gating.traces import quality_parts

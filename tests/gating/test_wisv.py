@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
+from speccap.decoding.decision_head import CSI
 from speccap.gating.wisv import (
-    CSI,
     channel_quality,
     draw_csi,
     relabel,
@@ -176,7 +176,7 @@ def test_head_dataset_relabels_each_episode_under_several_channels():
 
 
 def test_saved_head_loads_back_and_bad_files_are_named(tmp_path):
-    from speccap.gating.wisv import DecisionHead, load_head, save_head
+    from speccap.decoding.decision_head import DecisionHead, load_head, save_head
     head = DecisionHead(6, 10, hidden=16, dropout=0.2).eval()
     save_head(head, tmp_path / "wisv/head.pt", {"tau": 0.4})
     back = load_head(tmp_path / "wisv/head.pt")

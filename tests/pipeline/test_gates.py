@@ -4,7 +4,8 @@ import pytest
 
 from speccap.config import params_from_dict
 from speccap.gating.token_gates import LearnedTokenGate
-from speccap.pipeline.gates import is_learned, learned_names, load_gate, train_gates
+from speccap.pipeline.gates import learned_names, train_gates
+from speccap.pipeline.saved import is_learned, load_gate
 
 from ..gating.test_token_gates import shadow_table
 

@@ -10,7 +10,7 @@ from speccap.decoding.engine import SpecSettings
 from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed, UGSDAdaptive
-from speccap.decoding.verify import make_rule
+from speccap.decoding.rules import make_rule
 from speccap.serving.client import VerifierClient
 from speccap.serving.client import wait_until_up as client_wait
 from speccap.serving.server import BackgroundServer, create_app

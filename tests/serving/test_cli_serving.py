@@ -46,7 +46,7 @@ def test_edge_with_the_wisv_rule_against_serve_cloud_with_a_head(tiny_project, c
     # the caption is the in-process one (`speccap caption --rule wisv` with the same head)
     import torch
 
-    from speccap.gating.wisv import DecisionHead, save_head
+    from speccap.decoding.decision_head import DecisionHead, save_head
     params, _, params_file = tiny_project
     wav = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]["path"]
     torch.manual_seed(0)

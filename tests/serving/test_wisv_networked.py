@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
+from speccap.decoding.decision_head import DecisionHead
 from speccap.decoding.engine import speculative
 from speccap.decoding.wisv import WISV
-from speccap.gating.wisv import DecisionHead
 from speccap.serving.edge import caption_remote, check_compatible
 
 from .conftest import Fixed, link, settings

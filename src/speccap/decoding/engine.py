@@ -22,10 +22,12 @@ from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
 from ..models.generate import pick
 from . import packets
-from .gates import Gate
+from .gates import Gate, make_gate
 from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, last_token
 from .link import Link
+from .policies import Fixed, UGSDAdaptive
 from .record import CaptionRecord, Clock, charge, finish
+from .rules import make_rule
 from .stats import Block, audio_summary
 
 # the loops, and the record and settings callers build them with (both live in record / halves)
@@ -190,9 +192,6 @@ def _draft_until_flagged(ed: EdgeHalf, block: Block, gate: Gate, needs_q: bool, 
 def settings_from_params(decode, max_new_tokens: int, seed: int = 0, qs_level: int = 16) -> SpecSettings:
     """SpecSettings from the `decode:` section of params (a config.DecodeParams); `qs_level`: the
     lattice level of the qs / sq rules (params qs.level)."""
-    from .gates import make_gate
-    from .policies import Fixed, UGSDAdaptive
-    from .verify import make_rule
     a = decode.adaptive
     policy = UGSDAdaptive(a.l_min, a.l_base, a.l_max) if decode.block_len == 0 else Fixed(decode.block_len)
     gate = make_gate(decode.gate, None if decode.gate in ("never", "always") else decode.threshold)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from . import packets
+
 
 @dataclass
 class Verdict:
@@ -52,8 +54,7 @@ class Rule(ABC):
 
     def q_payload(self, q: list[torch.Tensor]) -> bytes:
         """The draft distributions as they travel after a VERIFY: dense float16 rows (the cost Q-S attacks)."""
-        from .packets import q_payload
-        return q_payload(q, "float16")
+        return packets.q_payload(q, "float16")
 
     @abstractmethod
     def verify(self, draft: list[int], rows: torch.Tensor, q: list[torch.Tensor] | None, eos: int,
@@ -149,22 +150,6 @@ class SpecSampling(Rule):
 def _sample(p: torch.Tensor, rng: np.random.Generator) -> int:
     p = p.numpy()
     return int(rng.choice(len(p), p=p / p.sum()))
-
-
-def make_rule(name: str, rank: int = 20, temperature: float = 1.0, level: int = 16) -> Rule:
-    if name == "wisv":
-        raise ValueError("the wisv rule needs its trained decision head: build it with "
-                         "speccap.decoding.wisv.WISV(load_head(path), tau) (the wisv_head stage trains one)")
-    if name in ("qs", "sq"):
-        from .qs import QuantizeSample, SampleQuantize
-        return (QuantizeSample if name == "qs" else SampleQuantize)(level, temperature)
-    if name == "greedy":
-        return Rank(1)
-    if name == "rank":
-        return Rank(rank)
-    if name == "spec_sampling":
-        return SpecSampling(temperature)
-    raise ValueError(f"unknown verification rule {name!r} (expected greedy, rank, spec_sampling, qs or sq)")
 
 
 def rule_for_gate(rule: Rule, gate, language: str) -> Rule:

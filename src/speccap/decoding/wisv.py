@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..gating.wisv import CSI, DecisionHead
+from ..decoding.decision_head import CSI, DecisionHead
 from .link import Link
 from .stats import cloud_scalars
 from .verify import Rule, Verdict, cloud_rank

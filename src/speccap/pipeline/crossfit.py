@@ -25,7 +25,8 @@ from ..config import Params
 from ..data.manifest import read_jsonl
 from .folds import referenced_clips, val_fold
 from .gate_report import gate_configs
-from .gates import gate_dir, train_gates
+from .gates import train_gates
+from .saved import gate_dir
 from .sweep import RunConfig, summarize
 from .verify_rank import stamp_gates
 

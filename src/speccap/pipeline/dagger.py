@@ -23,7 +23,8 @@ from types import SimpleNamespace
 import pandas as pd
 
 from ..config import Params
-from .gates import gate_dir, main_gate, roc_auc, train_gates
+from .gates import main_gate, roc_auc, train_gates
+from .saved import gate_dir
 from .sweep import Pool
 from .traces import DaggerSettings, collect, dagger_one, features_of, shadow_summary, trace_clips
 

@@ -29,18 +29,12 @@ import pandas as pd
 
 from ..config import Params
 from ..gating.features import TOKEN_SCALARS
-from ..gating.learned import LearnedGate, rule_token_scores, threshold_for_budget
-from ..gating.token_gates import LearnedTokenGate, TokenGateModel, fit_token_gate, impact_weights, target_values, threshold_for_share
+from ..gating.learned import rule_token_scores, threshold_for_budget
+from ..gating.token_gates import TokenGateModel, fit_token_gate, impact_weights, target_values, threshold_for_share
+from .saved import gate_dir
 from .traces import features_of
 
 BLOCK_SUFFIX = "-block"
-
-
-def gate_dir(params: Params, fold: int | None = None) -> Path:
-    """Where the gates are saved: the shipped ones, or under cross-fitting those that evaluate
-    `fold` (pipeline.folds)."""
-    root = Path(params.models.dir) / "gates"
-    return root if fold is None else root / "folds" / str(fold)
 
 
 def learned_names(params: Params) -> list[str]:
@@ -64,10 +58,6 @@ def captured(val: pd.DataFrame, scores: np.ndarray, budgets) -> dict[str, dict[s
             flagged = scores[mask] > threshold_for_share(scores[mask], b)
             out[str(b)][lang] = float(gain[mask][flagged].sum()) / total if total > 0 else 0.0
     return out
-
-
-def is_learned(name: str) -> bool:
-    return name.startswith(("tok-", "logistic-", "lightgbm-"))
 
 
 def roc_auc(y: np.ndarray, s: np.ndarray) -> float | None:
@@ -214,30 +204,3 @@ def read_gates_json(params: Params) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no trained gates (run the `gates` stage first: dvc repro gates)")
     return json.loads(path.read_text())
-
-
-def gate_from_saved(saved: dict, threshold: float | dict | None = None, name: str | None = None):
-    """The gate a saved pickle describes: a token gate, or an older block gate (gating.learned)."""
-    thr = saved["threshold"] if threshold is None else threshold
-    model = saved["model"]
-    if getattr(model, "level", "block") == "token":
-        return LearnedTokenGate(model, thr, name or saved.get("name"), saved.get("verify", "alone"),
-                                saved.get("verify_rank"))
-    return LearnedGate(model, thr, name or saved.get("name"))
-
-
-def load_gate(params: Params, name: str, threshold: float | dict | None = None, cache: dict | None = None,
-              fold: int | None = None):
-    """A learned gate from models/gates/<name>.pkl (`fold`: the cross-fitted one that evaluates that
-    fold), at `threshold` (default: the promote budget's, per language)."""
-    path = gate_dir(params, fold) / f"{name}.pkl"
-    if cache is not None and path in cache:
-        saved = cache[path]
-    else:
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no trained gate {name!r} (run the `gates` stage: dvc repro gates)")
-        with open(path, "rb") as fh:
-            saved = pickle.load(fh)
-        if cache is not None:
-            cache[path] = saved
-    return gate_from_saved(saved, threshold, name)

@@ -25,6 +25,7 @@ from ..data.manifest import append_jsonl, manifest_path, read_jsonl, read_manife
 from ..fanout import WorkerPool
 from ..metrics.bootstrap import ClipStats, with_intervals
 from ..metrics.caption import score_captions
+from .saved import cached_head, head_path, is_learned, load_gate
 
 METHODS = ("edge", "cloud", "ugsd")
 
@@ -176,7 +177,6 @@ def relink_source(cfg: RunConfig, params: Params) -> RunConfig | None:
 
 def wisv_fingerprint(params: Params) -> str:
     """Hash of the trained WISV head (its records change with it)."""
-    from .wisv import head_path
     p = head_path(params)
     return hashlib.sha256(p.read_bytes() if p.exists() else b"missing").hexdigest()[:12]
 
@@ -232,7 +232,6 @@ def caption_one(job: tuple[dict, str]) -> dict:
             rec = cloud_only(_W["cloud"], mel, cfg.language, link, max_new, params.decode.temperature, params.seed,
                              params.decode.cloud_time_scale)
         else:
-            from .gates import is_learned, load_gate
             learned = is_learned(cfg.gate)
             decode = dataclasses.replace(params.decode, gate="never" if learned else cfg.gate,
                                          threshold=cfg.threshold or 0.0, block_len=cfg.block_len,
@@ -257,7 +256,6 @@ def caption_one(job: tuple[dict, str]) -> dict:
                 settings.rule = Rank(settings.rule.r, cfg.corrections)
             if cfg.rule == "wisv":  # greedy localization, the trained head judging each mismatch
                 from ..decoding.wisv import WISV
-                from .wisv import cached_head
                 settings.rule = WISV(cached_head(params, _W), params.wisv.tau if cfg.tau is None else cfg.tau,
                                      params.wisv.protocol, params.wisv.max_rank)
             rec = speculative(_W["edge"], _W["cloud"], mel, cfg.language, settings, link)

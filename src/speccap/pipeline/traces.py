@@ -21,6 +21,7 @@ import pandas as pd
 
 from ..config import Params
 from . import sweep
+from .saved import load_gate
 from .trace_refs import training_clips
 
 TRACE_DIR = Path("data/traces")
@@ -94,7 +95,6 @@ def dagger_one(job: tuple) -> dict:
     from ..decoding.engine import settings_from_params, speculative
     from ..decoding.link import Link
     from ..gating.shadow import ShadowSettings
-    from .gates import load_gate
     params: Params = sweep._W["params"]
     d = DaggerSettings(**job[5])
 

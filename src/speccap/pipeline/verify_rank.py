@@ -30,8 +30,9 @@ from pathlib import Path
 
 from ..config import Params
 from ..metrics.bootstrap import ClipStats, difference, interval
-from .gates import gate_dir, learned_names, main_gate
+from .gates import learned_names, main_gate
 from .markdown import md_table
+from .saved import gate_dir
 from .sweep import Pool, RunConfig, config_key, models_fingerprint, run_config, summarize
 from .trace_refs import refs_path, training_clips
 

@@ -23,6 +23,7 @@ from .folds import SHIPPED_VAL_FOLD
 from .gates import roc_auc
 from .markdown import md_table
 from .quality_table import format_ci
+from .saved import head_path
 from .sweep import RunConfig
 from .traces import TRACE_DIR
 
@@ -34,26 +35,11 @@ PAPER = {"aal_gain_pct": 60.8, "rounds_change_pct": -37.3, "accuracy_loss_pct_be
 HIDDEN_7B = 3584
 
 
-def head_path(params: Params) -> Path:
-    return Path(params.models.dir) / "wisv" / "head.pt"
-
-
 def trace_settings(params: Params):
     from ..gating.traces import TraceSettings
     t = params.wisv.traces
     return TraceSettings(block_len=t.block_len, rank=1, critical_margin=t.critical_margin,
                          max_new_tokens=params.models.max_new_tokens, hidden=True)
-
-
-def cached_head(params: Params, cache: dict):
-    """The trained head, loaded once per worker process (reloaded when the file changes)."""
-    from ..gating.wisv import load_head
-    path = head_path(params)
-    stamp = (str(path), path.stat().st_mtime_ns if path.exists() else None)
-    if cache.get("wisv_stamp") != stamp:
-        cache["wisv_head"] = load_head(path)
-        cache["wisv_stamp"] = stamp
-    return cache["wisv_head"]
 
 
 def shadow_traces(params: Params) -> dict[str, pd.DataFrame]:
@@ -85,7 +71,8 @@ def train_wisv_head(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_
     """Relabel, train, measure on validation, save the head and its plot. Returns the head's report."""
     import torch
 
-    from ..gating.wisv import head_dataset, save_head, train_head
+    from ..decoding.decision_head import save_head
+    from ..gating.wisv import head_dataset, train_head
     w = params.wisv
     opts = dict(csi_draws=w.csi_draws, kappa=w.kappa, temperature=w.policy_temperature, b_min=w.budget_min,
                 b_max=w.budget_max)

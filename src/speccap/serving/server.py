@@ -39,10 +39,10 @@ from starlette.requests import ClientDisconnect
 
 from ..decoding import packets
 from ..decoding.cloud import CloudSession, timed
+from ..decoding.decision_head import CSI
 from ..decoding.qs import unpack_block
-from ..decoding.verify import make_rule
+from ..decoding.rules import make_rule
 from ..decoding.wisv import WISV
-from ..gating.wisv import CSI
 from ..models.base import AudioLM
 from .sessions import Limits, ServingError, SessionStore
 
