@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from speccap.config import params_from_dict
-from speccap.pipeline.wisv import build_wisv_report, train_wisv_head, wisv_configs
+from speccap.pipeline.wisv import build_wisv_report, wisv_configs
+from speccap.pipeline.wisv_head import train_wisv_head
 
 
 def _traces(n_clips, rng, d_edge=6, d_cloud=10):
@@ -39,7 +40,7 @@ def test_head_trains_on_relabeled_traces_and_repairs_more_on_good_channels(tmp_p
 
 
 def test_shadow_labels_come_from_the_traces_stage_and_old_traces_are_named(tmp_path, monkeypatch):
-    from speccap.pipeline.wisv import shadow_traces
+    from speccap.pipeline.wisv_head import shadow_traces
     monkeypatch.chdir(tmp_path)
     params = params_from_dict({})
     assert params.wisv.labels == "shadow"

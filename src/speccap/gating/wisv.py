@@ -18,7 +18,7 @@ as tolerable, the least important first.
 
 The rule that uses the head is decoding/wisv.py; the traces with hidden states come from
 gating/traces.py (TraceSettings.hidden); the wisv_head stage trains and registers the head
-(pipeline/wisv.py) and the wisv_eval stage evaluates it over channels.
+(pipeline/wisv_head.py) and the wisv_eval stage evaluates it over channels (pipeline/wisv.py).
 """
 
 from __future__ import annotations
