@@ -21,10 +21,12 @@ they are given; `decoding.verify.rule_for_gate` is what a deployment applies bef
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import get_args
 
+from ..config import GateName, VerifyName
 from .stats import Block
 
-VERIFY = ("alone", "pending")
+VERIFY = get_args(VerifyName)
 
 
 class Gate(ABC):
@@ -156,7 +158,7 @@ def _make(name: str, threshold: float | None) -> Gate:
         return simple[name]()
     scored = {"entropy": Entropy, "margin": Margin, "logprob": LogProb}
     if name not in scored:
-        raise ValueError(f"unknown gate {name!r} (expected one of {sorted(simple) + sorted(scored)})")
+        raise ValueError(f"unknown gate {name!r} (expected one of {', '.join(get_args(GateName))})")
     if threshold is None:
         raise ValueError(f"gate {name!r} needs a threshold")
     return scored[name](threshold)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
+from ..config import RuleName
 from .qs import QuantizeSample, SampleQuantize
 from .verify import Rank, Rule, SpecSampling
 
 # every name decode.rule accepts ("wisv" is built with its trained head: decoding.wisv.WISV)
-RULES = ("greedy", "rank", "spec_sampling", "qs", "sq")
+RULES = get_args(RuleName)
 
 
 def make_rule(name: str, rank: int = 20, temperature: float = 1.0, level: int = 16) -> Rule:
