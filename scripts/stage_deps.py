@@ -27,7 +27,7 @@ NOT_RESULTS = {
     "src/speccap/numba_cache.py": "where numba keeps its compiled cache, not what it computes",
 }
 # Stages whose command is not a flow module: their code deps are listed here.
-BY_HAND = {"resolve": ["src/speccap/config.py"]}
+BY_HAND = {"resolve": ["src/speccap/config.py", "src/speccap/params_schema.py", "src/speccap/stage_params.py"]}
 CODE_PREFIXES = ("src/", "flows/")
 
 

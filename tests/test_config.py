@@ -41,7 +41,7 @@ def test_unknown_profile_and_missing_file(tmp_path):
 
 
 def _resolved(raw, tmp_path, name):
-    from speccap.config import write_resolved
+    from speccap.stage_params import write_resolved
     out = tmp_path / name
     write_resolved(params_from_dict(raw), out)
     return {f.stem: f.read_text() for f in sorted(out.glob("*.json"))}
@@ -65,7 +65,7 @@ def test_each_stage_sees_only_its_resolved_params(tmp_path):
 
 
 def test_resolved_files_are_rewritten_only_when_they_change(tmp_path):
-    from speccap.config import write_resolved
+    from speccap.stage_params import write_resolved
     p = params_from_dict({})
     write_resolved(p, tmp_path)
     stamps = {f.name: f.stat().st_mtime_ns for f in tmp_path.glob("*.json")}

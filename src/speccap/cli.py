@@ -265,7 +265,7 @@ def _cmd_show(args) -> int:
 
 
 def _cmd_resolve(args) -> int:
-    from .config import write_resolved
+    from .stage_params import write_resolved
     for path in write_resolved(load_params(args.params), args.out):
         print(path)
     return 0

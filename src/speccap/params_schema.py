@@ -1,0 +1,393 @@
+"""The params schema: what params.yaml may hold, its types, allowed names and defaults.
+
+Frozen dataclasses validated by pydantic (speccap.config reads the file into them): unknown keys
+are refused, numbers and flags are strict (a YAML `true` is not a 1, "1.5" is not a number), an int
+is a float where one is wanted, and every list of allowed names is a Literal here, the one place it
+is kept (decoding.rules and decoding.gates take theirs from it). Cross-field rules: config._validate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Strict
+from pydantic.dataclasses import dataclass as _pydantic_dataclass
+
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
+Bool = Annotated[bool, Strict()]
+Language = Literal["en", "zh"]
+Backend = Literal["embedded", "qwen2_5_omni", "qwen3_omni_moe"]
+Family = Literal["qwen2_5_omni", "qwen3_omni_moe"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+# params decode.rule and decode.gate; decoding.rules and decoding.gates build them
+RuleName = Literal["greedy", "rank", "spec_sampling", "qs", "sq"]
+GateName = Literal["never", "always", "entropy", "margin", "logprob"]
+ScoreGate = Literal["entropy", "margin", "logprob"]  # the gates that score a block against a threshold
+Method = Literal["edge", "cloud", "ugsd"]
+GateKind = Literal["logistic", "lightgbm", "mlp"]  # classifiers of the learned token gates
+GateTarget = Literal["gain", "mismatch", "critical"]
+VerifyName = Literal["alone", "pending"]  # what goes up with a token a token-level gate flags
+params_class = _pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+
+
+@params_class
+class SyntheticParams:
+    # Clips per spoken language in each split; the test split mirrors the papers' 332 per language.
+    train_per_language: Int = 1000
+    val_per_language: Int = 150
+    test_per_language: Int = 332
+    references_per_clip: Int = 3
+    workers: Int = 2
+    # Each emotion's pitch, range, rate and volume are drawn around its profile with the profile's
+    # spread times this: below 1 the emotions overlap less, so hearing them is easier (the cue
+    # combinations that tell them apart stay the same).
+    cue_spread: Float = 1.0
+
+
+@params_class
+class Mer2024Params:
+    # Local copy of the MER2024 caption subset (EULA: never downloaded by this code).
+    path: str | None = None
+    reference_mode: Literal["audio_only", "full"] = "audio_only"  # full | audio_only
+
+
+@params_class
+class TracePoolParams:
+    # Unlabeled speech the gates and the WISV head learn from when the corpus has no referenced train
+    # and validation clips (MER2024): any folder of audio, split train/validation by a hash of each
+    # file's name; the cloud-only caption is its reference (data.trace_references).
+    path: str | None = None
+    val_share: Float = 0.2
+
+
+@params_class
+class CrossFitParams:
+    # Gates and the WISV head learned on the referenced clips themselves, k folds: each fold's gates
+    # trained on k - 2 folds, thresholded on the next fold, evaluated on their own fold only.
+    # auto = when the corpus has no train clips of its own (MER2024 without a trace pool).
+    when: Literal["always", "auto", "never"] = "auto"  # auto | always | never
+    folds: Int = 5
+
+
+@params_class
+class DataParams:
+    source: Literal["mer2024", "synthetic"] = "synthetic"  # synthetic | mer2024
+    languages: tuple[Language, ...] = ("en", "zh")
+    max_clip_seconds: Float = 30.0
+    raw_dir: str = "data/raw"
+    processed_dir: str = "data/processed"
+    synthetic: SyntheticParams = field(default_factory=SyntheticParams)
+    mer2024: Mer2024Params = field(default_factory=Mer2024Params)
+    trace_pool: TracePoolParams = field(default_factory=TracePoolParams)
+    # What the train and validation clips' corrections are judged against (the trace_refs stage):
+    # auto = a clip's human references, or the cloud-only caption where it has none (a trace pool);
+    # cloud = the cloud-only caption for every clip (how much that loses: benchmarks/cloud_labels.py)
+    trace_references: Literal["auto", "cloud"] = "auto"
+    cross_fit: CrossFitParams = field(default_factory=CrossFitParams)
+
+
+@params_class
+class FeatureParams:
+    sample_rate: Int = 16000
+    n_mels: Int = 128
+    n_fft: Int = 400
+    # Qwen-Omni processors use hop 160 (10 ms); the embedded captioners train twice as fast on 320.
+    hop_length: Int = 160
+    workers: Int = 2
+
+
+@params_class
+class ThinkerSize:
+    """Size of an embedded captioner (a small config of a Qwen-Omni thinker class)."""
+
+    text_hidden: Int = 128
+    text_layers: Int = 2
+    text_heads: Int = 4
+    text_kv_heads: Int = 2
+    text_ffn: Int = 256
+    audio_d: Int = 128
+    audio_layers: Int = 2
+    audio_heads: Int = 4
+    audio_ffn: Int = 256
+    # Qwen3-Omni-MoE only
+    experts: Int = 4
+    experts_per_token: Int = 2
+
+
+@params_class
+class TrainParams:
+    max_steps: Int = 600
+    batch_size: Int = 32
+    lr: Float = 2e-3
+    warmup_steps: Int = 50
+    weight_decay: Float = 0.01
+    eval_every: Int = 50
+    patience: Int = 4  # evaluations without a better validation loss before stopping
+    threads: Int = 2
+    # weight of an auxiliary emotion loss during training only: a linear probe on the audio positions
+    # of the text model's input, discarded afterwards (0 = captions alone)
+    emotion_aux: Float = 0.0
+    # likewise for which of the synthetic corpus's sentences is said (a clip of another corpus has none
+    # and is skipped): as if the model had heard far more speech, it learns to tell the words apart
+    sentence_aux: Float = 0.0
+    # likewise for the values a synthetic clip's cues were rendered with (pitch, range, rate, volume,
+    # contour, effects): dense where the captions name them in words, in bins and only now and then
+    cues_aux: Float = 0.0
+
+
+@params_class
+class ModelParams:
+    # embedded: a captioner trained here; qwen2_5_omni / qwen3_omni_moe: a real checkpoint at `path`
+    backend: Backend = "embedded"
+    family: Family = "qwen2_5_omni"  # thinker class of an embedded captioner
+    path: str | None = None  # local path or hub id of a real checkpoint
+    dtype: DType = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    size: ThinkerSize = field(default_factory=ThinkerSize)
+    train: TrainParams = field(default_factory=TrainParams)
+
+
+@params_class
+class ModelsParams:
+    dir: str = "models"
+    tokenizer_vocab: Int = 1000
+    max_new_tokens: Int = 128
+    edge: ModelParams = field(default_factory=ModelParams)
+    cloud: ModelParams = field(default_factory=ModelParams)
+
+
+@params_class
+class AdaptiveParams:
+    l_min: Int = 3
+    l_base: Int = 5
+    l_max: Int = 7
+
+
+@params_class
+class DecodeParams:
+    temperature: Float = 0.0  # 0 = greedy drafting and generation
+    rule: Literal["greedy", "qs", "rank", "spec_sampling", "sq"] = "rank"  # greedy | rank | spec_sampling
+    # R of the rank rule. The papers' R = 20 is for Qwen's 152k vocabulary; with the embedded
+    # ~1k vocabulary a draft token's cloud rank is almost never above 20, so R is 1-3 here.
+    rank: Int = 2
+    gate: GateName = "entropy"  # never | always | entropy | margin | logprob
+    threshold: Float = 1.0
+    block_len: Int = 5  # fixed draft length L; 0 = the UGSD adaptive rule below
+    adaptive: AdaptiveParams = field(default_factory=AdaptiveParams)
+    # pipelined verification: escalated blocks in flight while the edge drafts ahead; 0 = the
+    # blocking loop of the papers (the edge waits for every verdict)
+    in_flight: Int = 0
+    draft_ahead: Literal["adaptive", "always"] = "adaptive"  # adaptive | always (see decoding/pipelined.py)
+    # hardware emulation on the virtual clock: measured compute times these (e.g. an edge 400x
+    # slower than this CPU runs the embedded edge at the papers' ~2 tokens/s)
+    edge_time_scale: Float = 1.0
+    cloud_time_scale: Float = 1.0
+
+
+@params_class
+class MarkovParams:
+    good_mbps: Float = 4.0
+    bad_mbps: Float = 0.35
+    p_good_to_bad: Float = 0.1
+    p_bad_to_good: Float = 0.3
+
+
+@params_class
+class LinkConfig:
+    name: str = "wifi"
+    uplink_mbps: Float = 20.0
+    downlink_mbps: Float = 100.0
+    rtt_ms: Float = 50.0
+    packet_error_rate: Float = 0.0
+    overhead_bytes: Int = 40
+    markov: MarkovParams | None = None  # set: a two-state good/bad channel replaces the fixed rates
+
+
+@params_class
+class TraceParams:
+    train_clips: Int = 150  # clips per language of the train split traced (0 = all)
+    val_clips: Int = 50  # of the validation split (thresholds and promotion are chosen on these)
+    block_len: Int = 5  # the block gates' L (the block-level entropy baseline of the gate evaluation)
+    # quality points a correction must gain to make a mismatch critical: token gates' on-policy
+    # traces, mean of BLEU-1/METEOR/ROUGE-L/100 x emotion hit; WISV's traces, mean of the first three
+    critical_margin: Float = 1.0
+
+
+@params_class
+class DaggerParams:
+    # DAgger: after the first gates, trace the captions the loop commits under the chosen gate (the
+    # critical target's, at the promote budget), add them to the training traces and train again;
+    # the thresholds come from the last round's validation traces (where the deployed gate goes)
+    rounds: Int = 0
+    train_clips: Int = 200  # train clips per language traced each round (0 = all)
+    val_clips: Int = 0  # validation clips per language (0 = those of gates.traces)
+
+
+@params_class
+class GatesParams:
+    traces: TraceParams = field(default_factory=TraceParams)
+    dagger: DaggerParams = field(default_factory=DaggerParams)
+    # token gates (gating.token_gates): classifiers x targets, trained on the on-policy traces
+    kinds: tuple[GateKind, ...] = ("logistic", "lightgbm", "mlp")
+    targets: tuple[GateTarget, ...] = ("critical", "mismatch")
+    # the critical target's row weights: a critical token weighs 1 + impact_weight x its impact (0 = all 1)
+    impact_weight: Float = 0.0
+    verify: VerifyName = "alone"  # what goes up with a flagged token (decoding.gates)
+    # R of the rank rule a flagged token may be judged by besides decode.rank's; chosen per language on
+    # validation (pipeline.verify_rank); () = decode's rule only
+    verify_ranks: tuple[Int, ...] = ()
+    baselines: tuple[ScoreGate, ...] = ("entropy",)  # rule gates evaluated at the same budgets, per token and per block
+    budgets: tuple[Float, ...] = (0.05, 0.1)  # target escalation rates rho*
+    # the oracle at a budget: every token judged, the first k the cloud replaces replaced, one row per
+    # k (decoding.verify.Rank.max_corrections); () = only the unlimited oracle
+    oracle_corrections: tuple[Int, ...] = ()
+    eval_clips: Int = 0  # test clips per language for the gate evaluation (0 = all)
+    # the oracle, the per-token baselines and the critical-target gates run on all `eval_clips`; the
+    # per-block baselines, the other targets and the other verification variant on the first
+    # `detail_clips` of them (0 = the same)
+    detail_clips: Int = 0
+    registry_name: str = "speccap-gate"
+    promote_budget: Float = 0.1  # the budget the champion is chosen at (quality on validation)
+    promote_clips: Int = 50  # validation clips per language the candidates are decoded on (0 = all traced)
+
+
+@params_class
+class SweepParams:
+    methods: tuple[Method, ...] = ("edge", "cloud", "ugsd")
+    block_lens: tuple[Int, ...] = (3, 5, 7, 10, 20, 50, 0)  # at decode.gate / decode.threshold; 0 = adaptive
+    gates: dict[ScoreGate, tuple[Float, ...]] = field(  # at decode.block_len
+        default_factory=lambda: {"entropy": (0.5, 1.0, 2.0), "margin": (0.1, 0.3, 0.5)})
+    in_flight: tuple[Int, ...] = ()  # pipelined runs at the default gate and L (blocks in flight, >= 1)
+    clips: Int = 0  # test clips per language; 0 = the whole test split
+    # the headline configurations (edge-only, cloud-only, UGSD at decode's settings) run on `clips`;
+    # the others (L, gate, pipelined and Q-S sweeps) on the first `detail_clips` of them (0 = the same)
+    detail_clips: Int = 0
+    workers: Int = 2  # processes, each with the models loaded once
+    threads: Int = 1  # torch threads per worker
+    runs_dir: str = "reports/runs"
+    # Q-S next to speculative sampling, every block verified, at this temperature: one configuration
+    # per lattice level (0 = the adaptive policy choosing L and level per round) plus the dense baseline
+    qs_levels: tuple[Int, ...] = ()
+    qs_temperature: Float = 1.0
+
+
+@params_class
+class QSParams:
+    # Q-S (decode.rule qs, or sq: the biased sample-then-quantize order): the edge's draft
+    # distribution on the lattice {b / level : sum b = level}, sent sparsely
+    level: Int = 16
+    levels: tuple[Int, ...] = (2, 4, 8, 16, 32, 64)  # what the adaptive policy (L and level per round) picks from
+    l_max: Int = 8  # the longest draft the adaptive policy plans
+
+
+@params_class
+class WisvTraceParams:
+    train_clips: Int = 100  # clips per language traced for the head (0 = all)
+    val_clips: Int = 30
+    block_len: Int = 5
+    critical_margin: Float = 1.0  # as gates.traces: quality points a kept draft token must cost
+
+
+def _wisv_channels() -> dict:
+    """The evaluation's channels: 20 / 500 Mbps uplink x 5 / 50 ms RTT, and the two-state Markov one."""
+    out = {f"up{up}-rtt{rtt}": LinkConfig(f"up{up}-rtt{rtt}", float(up), float(down), float(rtt))
+           for up, down in ((20, 100), (500, 1000)) for rtt in (5, 50)}
+    out["markov"] = LinkConfig("markov", 4.0, 4.0, 20.0, markov=MarkovParams())
+    return out
+
+
+@params_class
+class WisvParams:
+    # CSI-aware acceptance (decoding/wisv.py, gating/wisv.py): traces with hidden states -> relabeled
+    # critical mismatches under drawn channels -> the decision head -> evaluation over channels
+    traces: WisvTraceParams = field(default_factory=WisvTraceParams)
+    kappa: Float = 0.5  # smoothed importance: weight kappa^|m - m'| of a neighbouring critical mismatch
+    policy_temperature: Float = 0.1  # T of P(repair) = sigmoid((s - lambda) / T)
+    budget_min: Float = 0.2  # share of critical mismatches repaired on the worst channel ...
+    budget_max: Float = 1.0  # ... and on the best
+    csi_draws: Int = 4  # channels drawn per traced caption
+    hidden: Int = 64  # head width
+    dropout: Float = 0.1
+    epochs: Int = 300  # at most: early stopping on held-out captions ends it sooner (patience)
+    lr: Float = 0.01
+    # where the judged mismatches come from: shadow = the traces stage's on-policy traces (shared with
+    # the token gates); own = greedy-verified traces of its own (wisv.traces)
+    labels: Literal["own", "shadow"] = "shadow"
+    rank: Int = 8  # each hidden state through a learned projection to this many dims (0 = raw concatenation)
+    scalars: Bool = True  # the head also reads the cloud's scalars about the token (gating.wisv.CLOUD_SCALARS)
+    weight_decay: Float = 0.01
+    patience: Int = 30  # epochs without a better held-out loss before training stops (0 = no early stopping)
+    # > 0: a factored head (gating.wisv.DecisionHead): a criticality score of the token that also learns
+    # the raw critical flags (this weight on that loss) plus a linear channel term; 0 = one network
+    # that reads the CSI beside the token and learns the relabeled target only
+    critical_weight: Float = 1.0
+    tau: Float = 0.5  # tolerate a mismatch when P(reject) < tau
+    max_rank: Int = 0  # and only when the draft token is in the cloud's top max_rank (0 = no cap)
+    protocol: Literal["auto", "full", "selective"] = "auto"  # full | selective | auto (per round, on the link model)
+    registry_name: str = "speccap-wisv-head"
+    block_lens: tuple[Int, ...] = (4, 8)  # draft windows of the evaluation
+    # rank-R rules of the evaluation (R = 1 is greedy): the frontier WISV is compared with at its AAL
+    verify_ranks: tuple[Int, ...] = (2, 3)
+    eval_clips: Int = 50  # test clips per language (0 = all)
+    channels: dict[str, LinkConfig] = field(default_factory=_wisv_channels)
+
+
+@params_class
+class TrackingParams:
+    # sqlite:///mlflow.db = a SQLite store at the project root (one store for every DVC experiment
+    # copy); any MLflow URI works (http://host:5000); $MLFLOW_TRACKING_URI wins over this.
+    uri: str = "sqlite:///mlflow.db"
+    experiment: str = "speccap"
+    # a shared Prefect server (http://host:4200/api); "" = one started per `dvc repro`
+    # (scripts/with_prefect.sh); $PREFECT_API_URL wins over this
+    prefect_api_url: str = ""
+
+
+@params_class
+class DaskParams:
+    kind: Literal["local", "slurm"] = "local"  # local: a LocalCluster on this machine; slurm: dask-jobqueue SLURMCluster jobs
+    workers: Int = 2  # LocalCluster workers, or Slurm jobs to start with (one worker each)
+    threads_per_worker: Int = 1  # one task at a time per worker: each holds its own models
+    adapt_maximum: Int = 0  # > 0: scale between adapt_minimum and this many workers with the load
+    adapt_minimum: Int = 0
+
+
+@params_class
+class SlurmParams:
+    queue: str = ""  # partition (#SBATCH -p)
+    account: str = ""  # #SBATCH -A
+    cores: Int = 8  # CPU cores per job
+    memory: str = "64GB"
+    walltime: str = "04:00:00"
+    gpus: Int = 1  # #SBATCH --gres=gpu:N
+    job_extra_directives: tuple[str, ...] = ()  # more #SBATCH lines, e.g. "--constraint=a100"
+    job_script_prologue: tuple[str, ...] = ()  # shell lines before the worker starts (module load, venv)
+    local_directory: str = "/tmp"  # worker scratch space on the node
+    log_directory: str = "logs/slurm"
+
+
+@params_class
+class ClusterParams:
+    # local: each sweep configuration in turn, its captions over sweep.workers processes here;
+    # dask: configurations as Prefect tasks on a Dask cluster (each worker keeps its models loaded)
+    executor: Literal["dask", "local"] = "local"
+    dask: DaskParams = field(default_factory=DaskParams)
+    slurm: SlurmParams = field(default_factory=SlurmParams)
+
+
+@params_class
+class Params:
+    seed: Int = 0
+    profile: str = "default"
+    data: DataParams = field(default_factory=DataParams)
+    features: FeatureParams = field(default_factory=FeatureParams)
+    models: ModelsParams = field(default_factory=ModelsParams)
+    decode: DecodeParams = field(default_factory=DecodeParams)
+    link: LinkConfig = field(default_factory=LinkConfig)
+    sweep: SweepParams = field(default_factory=SweepParams)
+    gates: GatesParams = field(default_factory=GatesParams)
+    tracking: TrackingParams = field(default_factory=TrackingParams)
+    qs: QSParams = field(default_factory=QSParams)
+    wisv: WisvParams = field(default_factory=WisvParams)
+    cluster: ClusterParams = field(default_factory=ClusterParams)
