@@ -11,12 +11,19 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Strict
+from pydantic import ConfigDict, Field, Strict
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]
 Bool = Annotated[bool, Strict()]
+# bounds, checked where the field is declared
+Count = Annotated[int, Strict(), Field(ge=1)]  # at least one
+NonNeg = Annotated[int, Strict(), Field(ge=0)]  # 0 allowed (often: all, none or adaptive)
+Positive = Annotated[float, Strict(), Field(gt=0)]
+NonNegFloat = Annotated[float, Strict(), Field(ge=0)]
+Share = Annotated[float, Strict(), Field(gt=0, le=1)]  # a rate in (0, 1]
+Unit = Annotated[float, Strict(), Field(ge=0, le=1)]  # in [0, 1]
 Language = Literal["en", "zh"]
 Backend = Literal["embedded", "qwen2_5_omni", "qwen3_omni_moe"]
 Family = Literal["qwen2_5_omni", "qwen3_omni_moe"]
@@ -35,15 +42,15 @@ params_class = _pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"
 @params_class
 class SyntheticParams:
     # Clips per spoken language in each split; the test split mirrors the papers' 332 per language.
-    train_per_language: Int = 1000
-    val_per_language: Int = 150
-    test_per_language: Int = 332
-    references_per_clip: Int = 3
-    workers: Int = 2
+    train_per_language: Count = 1000
+    val_per_language: Count = 150
+    test_per_language: Count = 332
+    references_per_clip: Count = 3
+    workers: Count = 2
     # Each emotion's pitch, range, rate and volume are drawn around its profile with the profile's
     # spread times this: below 1 the emotions overlap less, so hearing them is easier (the cue
     # combinations that tell them apart stay the same).
-    cue_spread: Float = 1.0
+    cue_spread: Annotated[float, Strict(), Field(gt=0, le=2)] = 1.0
 
 
 @params_class
@@ -59,7 +66,7 @@ class TracePoolParams:
     # and validation clips (MER2024): any folder of audio, split train/validation by a hash of each
     # file's name; the cloud-only caption is its reference (data.trace_references).
     path: str | None = None
-    val_share: Float = 0.2
+    val_share: Annotated[float, Strict(), Field(gt=0, lt=1)] = 0.2
 
 
 @params_class
@@ -68,14 +75,14 @@ class CrossFitParams:
     # trained on k - 2 folds, thresholded on the next fold, evaluated on their own fold only.
     # auto = when the corpus has no train clips of its own (MER2024 without a trace pool).
     when: Literal["always", "auto", "never"] = "auto"  # auto | always | never
-    folds: Int = 5
+    folds: Annotated[int, Strict(), Field(ge=3)] = 5  # a fold to test, one to threshold on, one or more to train on
 
 
 @params_class
 class DataParams:
     source: Literal["mer2024", "synthetic"] = "synthetic"  # synthetic | mer2024
-    languages: tuple[Language, ...] = ("en", "zh")
-    max_clip_seconds: Float = 30.0
+    languages: Annotated[tuple[Language, ...], Field(min_length=1)] = ("en", "zh")
+    max_clip_seconds: Positive = 30.0
     raw_dir: str = "data/raw"
     processed_dir: str = "data/processed"
     synthetic: SyntheticParams = field(default_factory=SyntheticParams)
@@ -94,7 +101,7 @@ class FeatureParams:
     n_mels: Int = 128
     n_fft: Int = 400
     # Qwen-Omni processors use hop 160 (10 ms); the embedded captioners train twice as fast on 320.
-    hop_length: Int = 160
+    hop_length: Count = 160
     workers: Int = 2
 
 
@@ -170,19 +177,19 @@ class DecodeParams:
     rule: Literal["greedy", "qs", "rank", "spec_sampling", "sq"] = "rank"  # greedy | rank | spec_sampling
     # R of the rank rule. The papers' R = 20 is for Qwen's 152k vocabulary; with the embedded
     # ~1k vocabulary a draft token's cloud rank is almost never above 20, so R is 1-3 here.
-    rank: Int = 2
+    rank: Count = 2
     gate: GateName = "entropy"  # never | always | entropy | margin | logprob
     threshold: Float = 1.0
-    block_len: Int = 5  # fixed draft length L; 0 = the UGSD adaptive rule below
+    block_len: NonNeg = 5  # fixed draft length L; 0 = the UGSD adaptive rule below
     adaptive: AdaptiveParams = field(default_factory=AdaptiveParams)
     # pipelined verification: escalated blocks in flight while the edge drafts ahead; 0 = the
     # blocking loop of the papers (the edge waits for every verdict)
-    in_flight: Int = 0
+    in_flight: NonNeg = 0
     draft_ahead: Literal["adaptive", "always"] = "adaptive"  # adaptive | always (see decoding/pipelined.py)
     # hardware emulation on the virtual clock: measured compute times these (e.g. an edge 400x
     # slower than this CPU runs the embedded edge at the papers' ~2 tokens/s)
-    edge_time_scale: Float = 1.0
-    cloud_time_scale: Float = 1.0
+    edge_time_scale: Positive = 1.0
+    cloud_time_scale: Positive = 1.0
 
 
 @params_class
@@ -196,10 +203,10 @@ class MarkovParams:
 @params_class
 class LinkConfig:
     name: str = "wifi"
-    uplink_mbps: Float = 20.0
-    downlink_mbps: Float = 100.0
-    rtt_ms: Float = 50.0
-    packet_error_rate: Float = 0.0
+    uplink_mbps: Positive = 20.0
+    downlink_mbps: Positive = 100.0
+    rtt_ms: NonNegFloat = 50.0
+    packet_error_rate: Annotated[float, Strict(), Field(ge=0, lt=1)] = 0.0
     overhead_bytes: Int = 40
     markov: MarkovParams | None = None  # set: a two-state good/bad channel replaces the fixed rates
 
@@ -232,60 +239,61 @@ class GatesParams:
     kinds: tuple[GateKind, ...] = ("logistic", "lightgbm", "mlp")
     targets: tuple[GateTarget, ...] = ("critical", "mismatch")
     # the critical target's row weights: a critical token weighs 1 + impact_weight x its impact (0 = all 1)
-    impact_weight: Float = 0.0
+    impact_weight: NonNegFloat = 0.0
     verify: VerifyName = "alone"  # what goes up with a flagged token (decoding.gates)
     # R of the rank rule a flagged token may be judged by besides decode.rank's; chosen per language on
     # validation (pipeline.verify_rank); () = decode's rule only
-    verify_ranks: tuple[Int, ...] = ()
+    verify_ranks: tuple[Count, ...] = ()
     baselines: tuple[ScoreGate, ...] = ("entropy",)  # rule gates evaluated at the same budgets, per token and per block
-    budgets: tuple[Float, ...] = (0.05, 0.1)  # target escalation rates rho*
+    budgets: Annotated[tuple[Share, ...], Field(min_length=1)] = (0.05, 0.1)  # target escalation rates rho*
     # the oracle at a budget: every token judged, the first k the cloud replaces replaced, one row per
     # k (decoding.verify.Rank.max_corrections); () = only the unlimited oracle
-    oracle_corrections: tuple[Int, ...] = ()
+    oracle_corrections: tuple[Count, ...] = ()
     eval_clips: Int = 0  # test clips per language for the gate evaluation (0 = all)
     # the oracle, the per-token baselines and the critical-target gates run on all `eval_clips`; the
     # per-block baselines, the other targets and the other verification variant on the first
     # `detail_clips` of them (0 = the same)
     detail_clips: Int = 0
     registry_name: str = "speccap-gate"
-    promote_budget: Float = 0.1  # the budget the champion is chosen at (quality on validation)
+    promote_budget: Share = 0.1  # the budget the champion is chosen at (quality on validation)
     promote_clips: Int = 50  # validation clips per language the candidates are decoded on (0 = all traced)
 
 
 @params_class
 class SweepParams:
     methods: tuple[Method, ...] = ("edge", "cloud", "ugsd")
-    block_lens: tuple[Int, ...] = (3, 5, 7, 10, 20, 50, 0)  # at decode.gate / decode.threshold; 0 = adaptive
+    block_lens: tuple[NonNeg, ...] = (3, 5, 7, 10, 20, 50, 0)  # at decode.gate / decode.threshold; 0 = adaptive
     gates: dict[ScoreGate, tuple[Float, ...]] = field(  # at decode.block_len
         default_factory=lambda: {"entropy": (0.5, 1.0, 2.0), "margin": (0.1, 0.3, 0.5)})
-    in_flight: tuple[Int, ...] = ()  # pipelined runs at the default gate and L (blocks in flight, >= 1)
+    in_flight: tuple[NonNeg, ...] = ()  # pipelined runs at the default gate and L (blocks in flight, >= 1)
     clips: Int = 0  # test clips per language; 0 = the whole test split
     # the headline configurations (edge-only, cloud-only, UGSD at decode's settings) run on `clips`;
     # the others (L, gate, pipelined and Q-S sweeps) on the first `detail_clips` of them (0 = the same)
     detail_clips: Int = 0
-    workers: Int = 2  # processes, each with the models loaded once
-    threads: Int = 1  # torch threads per worker
+    workers: NonNeg = 2  # processes, each with the models loaded once
+    threads: Count = 1  # torch threads per worker
     runs_dir: str = "reports/runs"
     # Q-S next to speculative sampling, every block verified, at this temperature: one configuration
     # per lattice level (0 = the adaptive policy choosing L and level per round) plus the dense baseline
-    qs_levels: tuple[Int, ...] = ()
-    qs_temperature: Float = 1.0
+    qs_levels: tuple[NonNeg, ...] = ()
+    qs_temperature: Positive = 1.0
 
 
 @params_class
 class QSParams:
     # Q-S (decode.rule qs, or sq: the biased sample-then-quantize order): the edge's draft
     # distribution on the lattice {b / level : sum b = level}, sent sparsely
-    level: Int = 16
-    levels: tuple[Int, ...] = (2, 4, 8, 16, 32, 64)  # what the adaptive policy (L and level per round) picks from
-    l_max: Int = 8  # the longest draft the adaptive policy plans
+    level: Count = 16
+    # what the adaptive policy (L and level per round) picks from
+    levels: Annotated[tuple[Count, ...], Field(min_length=1)] = (2, 4, 8, 16, 32, 64)
+    l_max: Count = 8  # the longest draft the adaptive policy plans
 
 
 @params_class
 class WisvTraceParams:
     train_clips: Int = 100  # clips per language traced for the head (0 = all)
     val_clips: Int = 30
-    block_len: Int = 5
+    block_len: Count = 5
     critical_margin: Float = 1.0  # as gates.traces: quality points a kept draft token must cost
 
 
@@ -302,31 +310,32 @@ class WisvParams:
     # CSI-aware acceptance (decoding/wisv.py, gating/wisv.py): traces with hidden states -> relabeled
     # critical mismatches under drawn channels -> the decision head -> evaluation over channels
     traces: WisvTraceParams = field(default_factory=WisvTraceParams)
-    kappa: Float = 0.5  # smoothed importance: weight kappa^|m - m'| of a neighbouring critical mismatch
+    # smoothed importance: weight kappa^|m - m'| of a neighbouring critical mismatch
+    kappa: Annotated[float, Strict(), Field(ge=0, lt=1)] = 0.5
     policy_temperature: Float = 0.1  # T of P(repair) = sigmoid((s - lambda) / T)
-    budget_min: Float = 0.2  # share of critical mismatches repaired on the worst channel ...
-    budget_max: Float = 1.0  # ... and on the best
-    csi_draws: Int = 4  # channels drawn per traced caption
-    hidden: Int = 64  # head width
+    budget_min: Unit = 0.2  # share of critical mismatches repaired on the worst channel ...
+    budget_max: Unit = 1.0  # ... and on the best
+    csi_draws: Count = 4  # channels drawn per traced caption
+    hidden: Count = 64  # head width
     dropout: Float = 0.1
-    epochs: Int = 300  # at most: early stopping on held-out captions ends it sooner (patience)
+    epochs: Count = 300  # at most: early stopping on held-out captions ends it sooner (patience)
     lr: Float = 0.01
     # where the judged mismatches come from: shadow = the traces stage's on-policy traces (shared with
     # the token gates); own = greedy-verified traces of its own (wisv.traces)
     labels: Literal["own", "shadow"] = "shadow"
-    rank: Int = 8  # each hidden state through a learned projection to this many dims (0 = raw concatenation)
+    rank: NonNeg = 8  # each hidden state through a learned projection to this many dims (0 = raw concatenation)
     scalars: Bool = True  # the head also reads the cloud's scalars about the token (gating.wisv.CLOUD_SCALARS)
-    weight_decay: Float = 0.01
-    patience: Int = 30  # epochs without a better held-out loss before training stops (0 = no early stopping)
+    weight_decay: NonNegFloat = 0.01
+    patience: NonNeg = 30  # epochs without a better held-out loss before training stops (0 = no early stopping)
     # > 0: a factored head (gating.wisv.DecisionHead): a criticality score of the token that also learns
     # the raw critical flags (this weight on that loss) plus a linear channel term; 0 = one network
     # that reads the CSI beside the token and learns the relabeled target only
-    critical_weight: Float = 1.0
-    tau: Float = 0.5  # tolerate a mismatch when P(reject) < tau
-    max_rank: Int = 0  # and only when the draft token is in the cloud's top max_rank (0 = no cap)
+    critical_weight: NonNegFloat = 1.0
+    tau: Unit = 0.5  # tolerate a mismatch when P(reject) < tau
+    max_rank: NonNeg = 0  # and only when the draft token is in the cloud's top max_rank (0 = no cap)
     protocol: Literal["auto", "full", "selective"] = "auto"  # full | selective | auto (per round, on the link model)
     registry_name: str = "speccap-wisv-head"
-    block_lens: tuple[Int, ...] = (4, 8)  # draft windows of the evaluation
+    block_lens: Annotated[tuple[Count, ...], Field(min_length=1)] = (4, 8)  # draft windows of the evaluation
     # rank-R rules of the evaluation (R = 1 is greedy): the frontier WISV is compared with at its AAL
     verify_ranks: tuple[Int, ...] = (2, 3)
     eval_clips: Int = 50  # test clips per language (0 = all)
@@ -347,20 +356,20 @@ class TrackingParams:
 @params_class
 class DaskParams:
     kind: Literal["local", "slurm"] = "local"  # local: a LocalCluster on this machine; slurm: dask-jobqueue SLURMCluster jobs
-    workers: Int = 2  # LocalCluster workers, or Slurm jobs to start with (one worker each)
-    threads_per_worker: Int = 1  # one task at a time per worker: each holds its own models
-    adapt_maximum: Int = 0  # > 0: scale between adapt_minimum and this many workers with the load
-    adapt_minimum: Int = 0
+    workers: Count = 2  # LocalCluster workers, or Slurm jobs to start with (one worker each)
+    threads_per_worker: Count = 1  # one task at a time per worker: each holds its own models
+    adapt_maximum: NonNeg = 0  # > 0: scale between adapt_minimum and this many workers with the load
+    adapt_minimum: NonNeg = 0
 
 
 @params_class
 class SlurmParams:
     queue: str = ""  # partition (#SBATCH -p)
     account: str = ""  # #SBATCH -A
-    cores: Int = 8  # CPU cores per job
+    cores: Count = 8  # CPU cores per job
     memory: str = "64GB"
     walltime: str = "04:00:00"
-    gpus: Int = 1  # #SBATCH --gres=gpu:N
+    gpus: NonNeg = 1  # #SBATCH --gres=gpu:N
     job_extra_directives: tuple[str, ...] = ()  # more #SBATCH lines, e.g. "--constraint=a100"
     job_script_prologue: tuple[str, ...] = ()  # shell lines before the worker starts (module load, venv)
     local_directory: str = "/tmp"  # worker scratch space on the node

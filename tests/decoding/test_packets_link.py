@@ -97,7 +97,7 @@ def test_link_time_formula_and_retransmissions():
     a = [lossy[0].send(bytes(100), "up") for _ in range(200)]
     b = [lossy[1].send(bytes(100), "up") for _ in range(200)]
     assert a == b and lossy[0].retransmissions > 30  # seeded, and about 0.3/0.7 per packet
-    with pytest.raises(ValueError, match="packet error rate"):
+    with pytest.raises(ValueError, match="packet_error_rate"):
         Link(LinkConfig(packet_error_rate=1.0))
 
 
