@@ -1,9 +1,10 @@
 """The users' path end to end, as a new user takes it: real checkpoints (tiny random-weight thinkers of
-the real Qwen2.5-Omni class with Qwen's real vocabulary; the Qwen3-Omni class loads the same way,
-tests/models/test_loading.py), a folder in MER2024's official layout with real
-speech, a folder of unlabeled speech as the trace pool, params switched as docs/hpc.md section 2
-says (on the CI profile), then `dvc repro` of every stage in a copy of this repository, a promoted
-champion, and `speccap caption --gate champion` with it."""
+the real Qwen-Omni classes with Qwen's real vocabulary), a folder in MER2024's official layout with real
+speech, params switched as docs/hpc.md section 2 says (on the CI profile), then `dvc repro` of every
+stage in a copy of this repository, a promoted champion, and `speccap caption --gate champion` with it.
+Both ways the gates can learn on MER2024 run: a folder of unlabeled speech as the trace pool
+(Qwen2.5-Omni), and no pool at all, so the gates are cross-fitted over the referenced clips
+(Qwen3-Omni-MoE)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 import yaml
 
@@ -57,11 +59,11 @@ def _project(tmp: Path) -> Path:
     return proj
 
 
-def _checkpoint(path: Path, noise: float = 0.0) -> None:
-    """A tiny Qwen2.5-Omni thinker with random weights. Two independent random models never agree on a
-    token among 151,936, so the cloud is the edge with noise on its output layer: they agree on about
+def _checkpoint(path: Path, family: str, noise: float = 0.0) -> None:
+    """A tiny thinker of the real class with random weights. Two independent random models never agree on
+    a token among 151,936, so the cloud is the edge with noise on its output layer: they agree on about
     half the tokens, as a 3B and a 7B model of one family would more often than not."""
-    model = build_model("qwen2_5_omni", 151936, TINY, QWEN_IDS, seed=1)
+    model = build_model(family, 151936, TINY, QWEN_IDS, seed=1)
     if noise:
         w = model.lm_head.weight
         with torch.no_grad():
@@ -70,33 +72,43 @@ def _checkpoint(path: Path, noise: float = 0.0) -> None:
     qwen_tokenizer_offline().save_pretrained(str(path))
 
 
-def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_path):
+# (family, referenced clips, unlabeled pool clips): with a pool the gates learn from it; without one they
+# are cross-fitted over the referenced clips (3 folds: each fold's gates train on one, threshold on another)
+CASES = {"pool": ("qwen2_5_omni", 4, 8), "cross-fit": ("qwen3_omni_moe", 6, 0)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_path, case):
+    family, n_ref, n_pool = CASES[case]
     proj = _project(tmp_path)
-    _checkpoint(tmp_path / "Qwen2.5-Omni-3B")
-    _checkpoint(tmp_path / "Qwen2.5-Omni-7B", noise=0.2)
+    _checkpoint(tmp_path / "edge", family)
+    _checkpoint(tmp_path / "cloud", family, noise=0.2)
     speaker = Speaker()
     mer = tmp_path / "MER2024"
     mer.mkdir()
-    names = [f"sample_{k:08d}" for k in range(4)]
+    names = [f"sample_{k:08d}" for k in range(n_ref)]
     rows = [{"name": n, "chinese": "在视频中，他皱着眉；在音频中，语气急促，音量较高。因此，他感到愤怒。",
              "english": "In the video, he frowns. In the audio, the tone is hurried and loud. "
                         "Therefore, he is angry."} for n in names]
     pd.DataFrame(rows).to_csv(mer / "final-EMER-reason.csv", index=False)
     for k, n in enumerate(names):
         write_wav(mer / f"{n}.wav", _speech(speaker, k))
-    pool = tmp_path / "unlabeled"
-    pool.mkdir()
-    for k in range(4, 12):
-        write_wav(pool / f"clip_{k:03d}.wav", _speech(speaker, k))
 
     params = yaml.safe_load((proj / "params.yaml").read_text())
     params["profile"] = "ci"
     params["data"]["source"] = "mer2024"
     params["data"]["mer2024"]["path"] = str(mer)
-    params["data"]["trace_pool"] = {"path": str(pool), "val_share": 0.3}
+    if n_pool:
+        pool = tmp_path / "unlabeled"
+        pool.mkdir()
+        for k in range(n_ref, n_ref + n_pool):
+            write_wav(pool / f"clip_{k:03d}.wav", _speech(speaker, k))
+        params["data"]["trace_pool"] = {"path": str(pool), "val_share": 0.3}
+    else:  # data.source: mer2024 alone; cross_fit.when stays auto
+        params["data"]["cross_fit"]["folds"] = 3
     params["models"]["max_new_tokens"] = 6
-    params["models"]["edge"] |= {"backend": "qwen2_5_omni", "path": str(tmp_path / "Qwen2.5-Omni-3B")}
-    params["models"]["cloud"] |= {"backend": "qwen2_5_omni", "path": str(tmp_path / "Qwen2.5-Omni-7B")}
+    params["models"]["edge"] |= {"backend": family, "path": str(tmp_path / "edge")}
+    params["models"]["cloud"] |= {"backend": family, "path": str(tmp_path / "cloud")}
     (proj / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
@@ -108,10 +120,15 @@ def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_pa
     assert "Traceback" not in log, log[-6000:]
 
     prep = json.loads((proj / "data/processed/prepare_report.json").read_text())
-    assert prep["clips"] == 4 and prep["pool_clips"] == 8, prep
+    assert prep["clips"] == n_ref and prep["pool_clips"] == n_pool, prep
     assert not (proj / "data/raw/mer2024/wav").exists()  # 16 kHz mono: every clip used in place
     refs = json.loads((proj / "reports/trace_refs.json").read_text())
-    assert all(s["cloud_referenced"] + s["empty_cloud_captions"] > 0 for s in refs["splits"].values()), refs
+    if n_pool:  # the pool's clips are judged against the cloud-only caption
+        assert refs["cross_fit_folds"] is None, refs
+        assert all(s["cloud_referenced"] + s["empty_cloud_captions"] > 0 for s in refs["splits"].values()), refs
+    else:  # the referenced clips train the gates, with their human references
+        assert refs["cross_fit_folds"] == 3, refs
+        assert all(s["clips"] > 0 and s["cloud_referenced"] == 0 for s in refs["splits"].values()), refs
     train = json.loads((proj / "models/train_report.json").read_text())
     assert train["edge"]["trained"] is False and train["cloud"]["trained"] is False
     gates = json.loads((proj / "reports/gates/gates.json").read_text())
@@ -119,8 +136,16 @@ def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_pa
     # the gate evaluation captions every referenced clip (scored against the human references)
     summary = json.loads((proj / "reports/gates/summary.json").read_text())
     assert summary["configs"] and all(c["status"] == "FINISHED" for c in summary["configs"]), summary["configs"]
-    runs = list((proj / "reports/gate_runs").glob("*.jsonl"))
-    assert runs and all(len(f.read_text().splitlines()) == 4 for f in runs)
+    if n_pool:
+        runs = list((proj / "reports/gate_runs").glob("*.jsonl"))
+        assert runs and all(len(f.read_text().splitlines()) == n_ref for f in runs)
+    else:  # each row pools the folds, every clip decoded by the gates of its own fold, which never saw it
+        pooled = [c for c in summary["configs"] if c.get("folds")]
+        assert pooled, summary["configs"]
+        for c in pooled:
+            assert sorted(int(f) for f in c["folds"]) == [0, 1, 2], c
+            assert sum(f["clips"] for f in c["folds"].values()) == n_ref, c
+        assert "Cross-fitted over 3 folds" in (proj / "reports/gates/gates.md").read_text()
     promotion = json.loads((proj / "reports/promotion.json").read_text())
     assert promotion["champion_after"] is not None, promotion
     assert json.loads((proj / "models/wisv/report.json").read_text())["train_mismatches"] > 0
