@@ -45,9 +45,10 @@ from speccap.gating.wisv import head_dataset  # noqa: E402
 from speccap.metrics.bootstrap import difference, gap_closed, interval  # noqa: E402
 from speccap.pipeline.gates import main_gate, roc_auc  # noqa: E402
 from speccap.pipeline.saved import head_path  # noqa: E402
-from speccap.pipeline.sweep import Pool, RunConfig, eval_clips, run_config  # noqa: E402
+from speccap.pipeline.sweep import RunConfig, eval_clips, run_config  # noqa: E402
 from speccap.pipeline.verify_rank import default_rank, rule_fields  # noqa: E402
 from speccap.pipeline.wisv_head import judged, shadow_traces  # noqa: E402
+from speccap.pipeline.workers import Pool  # noqa: E402
 
 SIDES = ("human", "cloud")
 

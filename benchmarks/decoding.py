@@ -22,11 +22,9 @@ from common import mean, models_and_test_clips
 from tqdm import tqdm
 
 from speccap.config import LinkConfig, load_params
-from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, settings_from_params, speculative
-from speccap.decoding.gates import make_gate
+from speccap.decoding.build import DecodeSpec, build_decoder
+from speccap.decoding.engine import cloud_only, edge_only, speculative
 from speccap.decoding.link import Link
-from speccap.decoding.policies import Fixed
-from speccap.decoding.rules import make_rule
 from speccap.metrics.caption import score_captions
 
 NO_LINK = LinkConfig(name="none", uplink_mbps=1e9, downlink_mbps=1e9, rtt_ms=0.0, overhead_bytes=0)
@@ -36,19 +34,18 @@ def run(params_path, n_clips: int, out: Path, threads: int) -> dict:
     params = load_params(params_path)
     edge, cloud, clips = models_and_test_clips(params, n_clips, threads)
     max_new = params.models.max_new_tokens
-    ugsd = settings_from_params(params.decode, max_new)
+    ugsd = DecodeSpec.from_params(params, seed=0)
+    self_spec = DecodeSpec(gate="always", threshold=None, rule="greedy", block_len=params.decode.block_len or 5,
+                           max_new_tokens=max_new)
     runs = {k: [] for k in ("edge", "cloud", "ugsd", "ugsd_nocache", "self_spec", "cloud_plain")}
     for _rec, lang, mel in tqdm(clips, desc="decode", unit="clip"):
         link = lambda: Link(params.link, seed=0)  # noqa: E731 - a fresh channel per run
         runs["edge"].append(edge_only(edge, mel, lang, max_new))
         runs["cloud"].append(cloud_only(cloud, mel, lang, link(), max_new))
-        runs["ugsd"].append(speculative(edge, cloud, mel, lang, settings_from_params(params.decode, max_new), link()))
-        nocache = settings_from_params(params.decode, max_new)
-        nocache.cloud_cache = False
+        runs["ugsd"].append(speculative(edge, cloud, mel, lang, build_decoder(ugsd), link()))
+        nocache = build_decoder(ugsd.replace(cloud_cache=False))
         runs["ugsd_nocache"].append(speculative(edge, cloud, mel, lang, nocache, link()))
-        self_spec = SpecSettings(make_gate("always"), make_rule("greedy"), Fixed(params.decode.block_len or 5),
-                                 max_new_tokens=max_new)
-        runs["self_spec"].append(speculative(cloud, cloud, mel, lang, self_spec, Link(NO_LINK)))
+        runs["self_spec"].append(speculative(cloud, cloud, mel, lang, build_decoder(self_spec), Link(NO_LINK)))
         runs["cloud_plain"].append(cloud_only(cloud, mel, lang, Link(NO_LINK), max_new))
 
     def quality(key):
@@ -84,7 +81,8 @@ def run(params_path, n_clips: int, out: Path, threads: int) -> dict:
                              "identical_captions": f"{same_self}/{len(clips)}"},
         "methods": {k: summary(k) | {"quality": quality(k)} for k in ("edge", "ugsd", "cloud")},
     }
-    result["methods"]["ugsd"]["settings"] = ugsd.gate.describe() | ugsd.rule.describe() | ugsd.policy.describe()
+    built = build_decoder(ugsd)
+    result["methods"]["ugsd"]["settings"] = built.gate.describe() | built.rule.describe() | built.policy.describe()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
     out.with_suffix(".md").write_text(markdown(result))

@@ -63,7 +63,8 @@ def _random_lm(size: ThinkerSize, vocab: int) -> ThinkerLM:
 def _decode_both(params, n_clips: int, threads: int) -> dict:
     from common import models_and_test_clips
 
-    from speccap.decoding.engine import settings_from_params, speculative
+    from speccap.decoding.build import DecodeSpec, build_decoder
+    from speccap.decoding.engine import speculative
     from speccap.decoding.link import Link
     edge, cloud, clips = models_and_test_clips(params, n_clips, threads)
     res = {"hf": [], "fast": []}
@@ -72,7 +73,7 @@ def _decode_both(params, n_clips: int, threads: int) -> dict:
         for mode in ("hf", "fast"):
             edge.use_fast_step = cloud.use_fast_step = mode == "fast"
             t = time.perf_counter()
-            r = speculative(edge, cloud, mel, lang, settings_from_params(params.decode, params.models.max_new_tokens),
+            r = speculative(edge, cloud, mel, lang, build_decoder(DecodeSpec.from_params(params, seed=0)),
                             Link(params.link, seed=0))
             res[mode].append(time.perf_counter() - t)
             captions[mode].append(r.caption)

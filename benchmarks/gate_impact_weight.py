@@ -18,7 +18,6 @@ bootstrap CIs and the paired difference stage - refit. Run after `dvc repro gate
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pickle
 import sys
@@ -86,7 +85,8 @@ def main() -> None:
     ranks = gates.get("verify_rank", {}).get("chosen", {})
 
     from speccap.data.featurize import load_clip_features
-    from speccap.decoding.engine import settings_from_params, speculative
+    from speccap.decoding.build import DecodeSpec, build_decoder
+    from speccap.decoding.engine import speculative
     from speccap.decoding.link import Link
     edge, cloud = load_models(params, params.sweep.threads)
     rows, runs = [], Path(args.out) / "gate_impact_weight"
@@ -105,14 +105,13 @@ def main() -> None:
             stage = read_records(found)
             t = threshold_for_share(scores[mask], budget)
             gate = LearnedTokenGate(model, {lang: t}, f"{name}-w{args.weight:g}", params.gates.verify)
-            decode = dataclasses.replace(gate_decode(params), rule="rank", rank=r)
+            spec = DecodeSpec.from_params(params, gate_decode(params), gate=gate.name, rule="rank", rank=r)
             path = runs / f"{lang}-{budget:g}-w{args.weight:g}.jsonl"
             refit = []
             with path.open("w", encoding="utf-8") as fh:
                 for c in tqdm(clips, desc=f"{lang} rho* {budget:g} refit w = {args.weight:g}", unit="clip"):
                     mel, _ = load_clip_features(params.data.processed_dir, c["id"])
-                    settings = settings_from_params(decode, params.models.max_new_tokens, params.seed)
-                    settings.gate = gate
+                    settings = build_decoder(spec, learned=lambda _spec, gate=gate: gate)
                     rec = speculative(edge, cloud, mel, lang, settings, Link(params.link, seed=params.seed))
                     refit.append({"id": c["id"], "caption": rec.caption, **rec.metrics()})
                     fh.write(json.dumps(refit[-1], ensure_ascii=False) + "\n")

@@ -29,8 +29,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from gate_common import ci_cells, clip_stats, gate_eval_run, paired_columns, read_gates, read_records, references, rho, write_report  # noqa: E402
 
 from speccap.config import load_params  # noqa: E402
-from speccap.pipeline.sweep import Pool, eval_clips, run_config  # noqa: E402
+from speccap.pipeline.sweep import eval_clips, run_config  # noqa: E402
 from speccap.pipeline.verify_rank import rank_config  # noqa: E402
+from speccap.pipeline.workers import Pool  # noqa: E402
 
 
 def main() -> None:

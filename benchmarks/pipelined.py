@@ -31,7 +31,8 @@ from common import mean, models_and_test_clips
 from tqdm import tqdm
 
 from speccap.config import LinkConfig, MarkovParams, load_params
-from speccap.decoding.engine import cloud_only, edge_only, settings_from_params, speculative
+from speccap.decoding.build import DecodeSpec, build_decoder
+from speccap.decoding.engine import cloud_only, edge_only, speculative
 from speccap.decoding.link import Link
 from speccap.metrics.caption import score_captions
 
@@ -81,8 +82,9 @@ def run(params_path, n_clips: int, in_flight: list[int], out: Path, threads: int
                         r = cloud_only(cloud, mel, lang, link, max_new, time_scale=cs)
                     else:
                         g, thr, n, ahead = spec
-                        d = dataclasses.replace(decode, gate=g, threshold=thr, in_flight=n, draft_ahead=ahead)
-                        r = speculative(edge, cloud, mel, lang, settings_from_params(d, max_new), link)
+                        d = DecodeSpec.from_params(params, decode, gate=g, threshold=thr, in_flight=n, draft_ahead=ahead,
+                                                   seed=0)
+                        r = speculative(edge, cloud, mel, lang, build_decoder(d), link)
                     recs[m].append(r)
                     captions.setdefault(m, {})[rec["id"]] = r.caption
             edge_time = mean([r.total_time for r in recs["edge-only"]])

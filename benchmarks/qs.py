@@ -27,28 +27,23 @@ from common import mean, models_and_test_clips
 from tqdm import tqdm
 
 from speccap.config import LinkConfig, MarkovParams, load_params
-from speccap.decoding.engine import SpecSettings, cloud_only, speculative
-from speccap.decoding.gates import make_gate
+from speccap.decoding.build import DecodeSpec, build_decoder
+from speccap.decoding.engine import cloud_only, speculative
 from speccap.decoding.link import Link
-from speccap.decoding.policies import Fixed, UGSDAdaptive
-from speccap.decoding.qs import QSAdaptive
-from speccap.decoding.rules import make_rule
 from speccap.metrics.caption import score_captions
 from speccap.models.base import shared_vocab
 
 
-def modes(params):
-    a = params.decode.adaptive
-    ugsd = lambda: UGSDAdaptive(a.l_min, a.l_base, a.l_max)  # noqa: E731
+def modes() -> dict[str, dict]:
+    """Each mode's decoder (DecodeSpec fields; block_len 0: UGSD's adaptive L)."""
     return {
-        "spec_sampling L5 (dense)": ("spec_sampling", 16, lambda rule, link, v: Fixed(5)),
-        "spec_sampling adaptive L (dense)": ("spec_sampling", 16, lambda rule, link, v: ugsd()),
-        "Q-S L5 l=4": ("qs", 4, lambda rule, link, v: Fixed(5)),
-        "Q-S L5 l=16": ("qs", 16, lambda rule, link, v: Fixed(5)),
-        "Q-S L5 l=64": ("qs", 64, lambda rule, link, v: Fixed(5)),
-        "Q-S adaptive L, l=16": ("qs", 16, lambda rule, link, v: ugsd()),
-        "Q-S adaptive L and l": ("qs", 16, lambda rule, link, v: QSAdaptive(rule, link, v, params.qs.levels,
-                                                                            params.qs.l_max)),
+        "spec_sampling L5 (dense)": dict(rule="spec_sampling", block_len=5),
+        "spec_sampling adaptive L (dense)": dict(rule="spec_sampling", block_len=0),
+        "Q-S L5 l=4": dict(rule="qs", qs_level=4, block_len=5),
+        "Q-S L5 l=16": dict(rule="qs", qs_level=16, block_len=5),
+        "Q-S L5 l=64": dict(rule="qs", qs_level=64, block_len=5),
+        "Q-S adaptive L, l=16": dict(rule="qs", qs_level=16, block_len=0),
+        "Q-S adaptive L and l": dict(rule="qs", qs_level=16, qs_adaptive=True),
     }
 
 
@@ -65,14 +60,13 @@ def run(params_path, n_clips: int, temperature: float, out: Path) -> dict:
     max_new = params.models.max_new_tokens
     rows = []
     for ch_name, ch in channels(params.link).items():
-        recs = {m: [] for m in modes(params)}
+        recs = {m: [] for m in modes()}
         for i, (rec, lang, mel) in enumerate(tqdm(clips, desc=ch_name, unit="clip")):
-            for m, (rule_name, level, make_policy) in modes(params).items():
+            for m, mode in modes().items():
                 link = Link(ch, seed=i)  # the same channel draws for every mode of a clip
-                rule = make_rule(rule_name, temperature=temperature, level=level)
-                s = SpecSettings(gate=make_gate("always", None), rule=rule, policy=make_policy(rule, link, vocab),
-                                 temperature=temperature, max_new_tokens=max_new, seed=i)
-                r = speculative(edge, cloud, mel, lang, s, link)
+                spec = DecodeSpec.from_params(params, gate="always", threshold=None, temperature=temperature,
+                                              max_new_tokens=max_new, seed=i, **mode)
+                r = speculative(edge, cloud, mel, lang, build_decoder(spec, link=link, vocab=vocab), link)
                 recs[m].append((rec, lang, r))
         for m, rs in recs.items():
             ms = [r.metrics() for _, _, r in rs]

@@ -41,7 +41,8 @@ from common import mean, models_and_test_clips
 from tqdm import tqdm
 
 from speccap.config import LinkConfig, load_params
-from speccap.decoding.engine import settings_from_params, speculative
+from speccap.decoding.build import DecodeSpec, build_decoder
+from speccap.decoding.engine import speculative
 from speccap.decoding.link import Link
 from speccap.serving.client import VerifierClient, wait_until_up
 from speccap.serving.edge import caption_remote, check_compatible
@@ -204,11 +205,10 @@ def section_shaped(params_path, token, edge, clips, make_settings, info_check) -
 def run(params_path, n_clips, clients, per_client, out: Path) -> dict:
     params = load_params(params_path)
     edge, cloud, clips = models_and_test_clips(params, n_clips, 1)
-    max_new = params.models.max_new_tokens
     decode = dataclasses.replace(params.decode, in_flight=0)
 
     def make_settings():
-        return settings_from_params(decode, max_new)
+        return build_decoder(DecodeSpec.from_params(params, decode, seed=0))
     link_cfg = params.link
     token = secrets.token_urlsafe(24)
     res = {"decode": {"gate": decode.gate, "threshold": decode.threshold, "block_len": decode.block_len,

@@ -16,7 +16,6 @@ every cap, the chosen one marked.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -30,27 +29,27 @@ sys.path.insert(0, str(ROOT / "src"))
 from speccap.config import load_params  # noqa: E402
 from speccap.data.featurize import load_clip_features  # noqa: E402
 from speccap.data.manifest import manifest_path, read_manifest  # noqa: E402
-from speccap.decoding.engine import settings_from_params, speculative  # noqa: E402
+from speccap.decoding.build import DecodeSpec, build_decoder  # noqa: E402
+from speccap.decoding.engine import speculative  # noqa: E402
 from speccap.decoding.link import Link  # noqa: E402
-from speccap.decoding.wisv import WISV  # noqa: E402
 from speccap.metrics.bootstrap import ClipStats, interval, mean_relative_change  # noqa: E402
 from speccap.metrics.caption import score_captions  # noqa: E402
 from speccap.pipeline.markdown import md_table  # noqa: E402
 from speccap.pipeline.saved import cached_head  # noqa: E402
-from speccap.pipeline.sweep import _W, _init_worker  # noqa: E402
 from speccap.pipeline.wisv import frontier_mix  # noqa: E402
+from speccap.pipeline.workers import _init_worker, worker  # noqa: E402
 
 
-def decode(params, clips, mels, lang: str, length: int, link_cfg, rule: str, rank: int = 1, make_rule=None) -> dict:
+def decode(params, clips, mels, lang: str, length: int, link_cfg, rule: str, rank: int = 1, cap: int = 0,
+           head=None) -> dict:
     """Caption the clips (`mels`: their features, loaded once for every rule); AAL over all rounds
-    and the per-clip quality statistics."""
-    settings_of = dataclasses.replace(params.decode, gate="always", block_len=length, rule=rule, rank=rank)
+    and the per-clip quality statistics. WISV: the full upload, its tolerance capped at rank `cap`."""
+    spec = DecodeSpec.from_params(params, gate="always", threshold=None, block_len=length, rule=rule, rank=rank,
+                                  wisv_protocol="full", wisv_max_rank=cap)
+    w = worker()
     caps, accepted, rounds = [], 0, 0
     for _c, mel in tqdm(list(zip(clips, mels)), desc=f"{lang} {rule}{rank if rule == 'rank' else ''}", leave=False):
-        s = settings_from_params(settings_of, params.models.max_new_tokens, params.seed)
-        if make_rule is not None:
-            s.rule = make_rule()
-        rec = speculative(_W["edge"], _W["cloud"], mel, lang, s, Link(link_cfg, seed=params.seed))
+        rec = speculative(w.edge, w.cloud, mel, lang, build_decoder(spec, head=head), Link(link_cfg, seed=params.seed))
         caps.append(rec.caption)
         accepted += rec.accepted
         rounds += rec.rounds
@@ -112,7 +111,7 @@ def main() -> None:
         args.render.with_suffix(".md").write_text(render(json.loads(args.render.read_text()), params.wisv.verify_ranks))
         return
     _init_worker(args.params, 2)
-    head = cached_head(params, _W)
+    head = cached_head(params, worker().cache)
     w = params.wisv
     channel = next(iter(w.channels))
     link_cfg, length = w.channels[channel], max(w.block_lens)
@@ -125,8 +124,7 @@ def main() -> None:
             for r in w.verify_ranks:
                 base[f"rank{r}"] = decode(params, clips, mels, lang, length, link_cfg, "rank", r)
             for cap in args.caps:
-                v = decode(params, clips, mels, lang, length, link_cfg, "greedy",
-                           make_rule=lambda cap=cap: WISV(head, w.tau, "full", cap))
+                v = decode(params, clips, mels, lang, length, link_cfg, "wisv", cap=cap, head=head)
                 rows[(split, lang, cap)] = compare(base, v) | {"clips": len(clips)}
                 print(split, lang, cap, json.dumps({k: rows[(split, lang, cap)][k] for k in
                                                     ("aal_pct", "vs_greedy_pct", "vs_rank_pct")}), flush=True)

@@ -29,10 +29,10 @@ from common import mean, models_and_test_clips
 from serving import Server, shaped_link_down, shaped_link_up
 
 from speccap.config import LinkConfig, load_params
+from speccap.decoding.build import DecodeSpec, build_decoder
 from speccap.decoding.decision_head import load_head
-from speccap.decoding.engine import settings_from_params, speculative
+from speccap.decoding.engine import speculative
 from speccap.decoding.link import Link
-from speccap.decoding.wisv import WISV
 from speccap.pipeline.saved import head_path
 from speccap.serving.client import VerifierClient
 from speccap.serving.edge import caption_remote, check_compatible
@@ -43,18 +43,17 @@ PROTOCOLS = ("full", "selective")
 
 def captions(edge, cloud, head, clips, params, decode, client, info, link_cfg, protocol, compare=True) -> dict:
     rows = []
+    spec = DecodeSpec.from_params(params, decode, rule="wisv", wisv_protocol=protocol)
     for i, (_, lang, mel) in enumerate(tqdm(clips, desc=f"wisv {protocol}", unit="clip")):
-        def spec(with_head):
-            s = settings_from_params(decode, params.models.max_new_tokens, params.seed)
-            s.rule = WISV(head if with_head else None, params.wisv.tau, protocol, params.wisv.max_rank)
-            return s
-        got = caption_remote(edge, client, info, mel, lang, spec(False), Link(link_cfg, seed=i), "float32", "float32")
+        # over the network the server holds the head
+        got = caption_remote(edge, client, info, mel, lang, build_decoder(spec), Link(link_cfg, seed=i), "float32",
+                             "float32")
         n = got.network
         row = {"requests": n["requests"], "hidden_requests": got.hidden_requests, "rounds": got.rounds,
                "http_up": n["http_bytes_up"], "http_down": n["http_bytes_down"], "payload_up": got.bytes_up,
                "net_time": n["net_time"], "link_model_time": n["link_model_time"], "fallback": n["fallback"]}
         if compare:
-            ref = speculative(edge, cloud, mel, lang, spec(True), Link(link_cfg, seed=i))
+            ref = speculative(edge, cloud, mel, lang, build_decoder(spec, head=head), Link(link_cfg, seed=i))
             row["same"] = got.token_ids == ref.token_ids
             row["tolerated"] = ref.tolerated
         rows.append(row)
@@ -129,7 +128,7 @@ def main() -> None:
     head = load_head(head_path(params))
     edge, cloud, clips = models_and_test_clips(params, args.clips, 1)
     length = params.wisv.block_lens[0]
-    decode = dataclasses.replace(params.decode, gate="always", block_len=length, rule="greedy", in_flight=0)
+    decode = dataclasses.replace(params.decode, gate="always", block_len=length, in_flight=0)
     token = secrets.token_urlsafe(24)
     res = {"clips_per_language": args.clips, "block_len": length, "tau": params.wisv.tau,
            "hidden_edge": params.models.edge.size.text_hidden, "loopback": {}}

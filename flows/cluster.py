@@ -17,7 +17,8 @@ from prefect import flow, task
 from prefect.futures import wait
 
 from speccap.config import Params
-from speccap.pipeline.sweep import Loaded, RunConfig, ensure_models, run_config, summarize
+from speccap.pipeline.sweep import RunConfig, run_config, summarize
+from speccap.pipeline.workers import Loaded, ensure_models
 
 ROOT = Path(__file__).resolve().parents[1]
 

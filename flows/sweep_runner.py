@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from speccap.config import Params
 from speccap.fanout import WorkerDied
-from speccap.pipeline.sweep import Pool, RunConfig, config_key, link_config, models_fingerprint, relink_source, run_config, summarize
+from speccap.pipeline.sweep import RunConfig, config_key, link_config, models_fingerprint, relink_source, run_config, summarize
+from speccap.pipeline.workers import Pool
 from speccap.tracking import Tracker
 
 _POOL: dict = {}

@@ -12,8 +12,8 @@ from tqdm import tqdm
 
 from flows import stage_main
 from speccap.config import load_params
-from speccap.pipeline.sweep import Pool
 from speccap.pipeline.trace_refs import build_trace_refs, count_cloud_captions
+from speccap.pipeline.workers import Pool
 from speccap.tracking import Tracker
 
 REPORT = Path("reports/trace_refs.json")

@@ -17,8 +17,8 @@ from tqdm import tqdm
 
 from flows import stage_main
 from speccap.config import load_params
-from speccap.pipeline.sweep import Pool
 from speccap.pipeline.traces import TRACE_DIR, collect, shadow_one, summary, trace_clips, traces_key
+from speccap.pipeline.workers import Pool
 from speccap.tracking import Tracker
 
 SUMMARY = Path("reports/traces.json")

@@ -20,9 +20,9 @@ from tqdm import tqdm
 from flows import stage_main
 from speccap.config import load_params
 from speccap.pipeline.saved import head_path
-from speccap.pipeline.sweep import Pool
 from speccap.pipeline.traces import collect, summary, trace_clips, trace_one, traces_key
 from speccap.pipeline.wisv_head import WISV_TRACE_DIR, judged, shadow_traces, trace_settings, train_wisv_head
+from speccap.pipeline.workers import Pool
 from speccap.tracking import Tracker
 
 

@@ -56,60 +56,74 @@ def _cmd_caption(args) -> int:
 
     from .data.audio_io import read_audio
     from .data.features import clip_log_mel
-    from .decoding.engine import cloud_only, edge_only, settings_from_params, speculative
+    from .decoding.build import build_decoder
+    from .decoding.engine import cloud_only, edge_only, speculative
     from .decoding.link import Link
     from .models.base import shared_vocab
     from .models.loading import load_role
     params = load_params(args.params)
-    decode, champion = _decode_overrides(params, args)
+    spec = _decode_spec(params, args)
     torch.set_num_threads(args.threads)
     edge = load_role(params, "edge") if args.mode in ("edge", "ugsd") else None
     cloud = load_role(params, "cloud") if args.mode in ("cloud", "ugsd") else None
     if edge is not None and cloud is not None:
         shared_vocab(edge, cloud)
-    max_new = params.models.max_new_tokens
+    head = _wisv_head(params, args) if args.mode == "ugsd" and spec.rule == "wisv" else None
     for path in args.files:
         clip = read_audio(path, max_seconds=params.data.max_clip_seconds)
         mel = clip_log_mel(clip.samples, params.features)
         link = Link(params.link, seed=args.seed)
         if args.mode == "edge":
-            rec = edge_only(edge, mel, args.language, max_new, decode.temperature, args.seed, decode.edge_time_scale)
+            rec = edge_only(edge, mel, args.language, spec.max_new_tokens, spec.temperature, args.seed,
+                            spec.edge_time_scale)
         elif args.mode == "cloud":
-            rec = cloud_only(cloud, mel, args.language, link, max_new, decode.temperature, args.seed,
-                             decode.cloud_time_scale)
+            rec = cloud_only(cloud, mel, args.language, link, spec.max_new_tokens, spec.temperature, args.seed,
+                             spec.cloud_time_scale)
         else:
-            settings = settings_from_params(decode, max_new, args.seed, args.qs_level or params.qs.level)
-            if champion:
-                settings.gate = _champion_gate(params, args.threshold)
-                settings.rule = _champion_rule(settings, args)
-            if args.rule == "wisv":
-                settings.rule = _wisv_rule(params, args)
+            settings = build_decoder(spec, learned=_champion_loader(params), head=head)
             rec = speculative(edge, cloud, mel, args.language, settings, link)
         _print_caption(args, path, rec, args.mode, clip.notes)
     return 0
 
 
-def _decode_overrides(params, args):
-    """params.decode with the command line's decoding options on top; and whether the gate is the
-    registry's champion (resolved by the caller)."""
-    import dataclasses
+def _decode_spec(params, args):
+    """The decoder params.decode describes with the command line's decoding options on top. The
+    champion judges its flagged tokens by the R it carries for the language (chosen on validation)
+    unless --rank or --rule says otherwise."""
+    from .decoding.build import DecodeSpec
     champion = args.gate == "champion"
-    overrides = {k: v for k, v in (("gate", None if champion else args.gate), ("threshold", args.threshold),
-                                   ("block_len", args.block_len), ("rank", args.rank),
-                                   # wisv: greedy localization here, its head added by the caller
-                                   ("rule", "greedy" if args.rule == "wisv" else args.rule),
-                                   ("temperature", args.temperature), ("in_flight", getattr(args, "in_flight", None)))
+    overrides = {k: v for k, v in (("gate", args.gate), ("threshold", args.threshold),
+                                   ("block_len", args.block_len), ("rank", args.rank), ("rule", args.rule),
+                                   ("temperature", args.temperature), ("in_flight", getattr(args, "in_flight", None)),
+                                   ("qs_level", args.qs_level), ("tau", args.tau), ("seed", args.seed))
                  if v is not None}
-    return dataclasses.replace(params.decode, **overrides), champion
+    if args.gate in ("never", "always") or (champion and args.threshold is None):
+        overrides["threshold"] = None  # no threshold, or the champion's own
+    if champion and args.rank is None and args.rule is None:
+        overrides["gate_rank"] = args.language
+    return DecodeSpec.from_params(params, **overrides)
 
 
-def _wisv_rule(params, args):
-    """WISV with the head trained by the wisv_head stage (or --wisv-head), at --tau or wisv.tau."""
+def _champion_loader(params):
+    """How the decoder loads `--gate champion`: the gate holding alias `champion` in the MLflow
+    registry (gates.registry_name), at its own threshold unless --threshold."""
+    def load(spec):
+        from .pipeline.saved import gate_from_saved
+        from .tracking import Tracker
+        tracker = Tracker(params.tracking.uri, params.tracking.experiment)
+        if tracker.champion(params.gates.registry_name) is None:
+            raise LookupError(f"no gate holds alias 'champion' in registered model {params.gates.registry_name!r} at "
+                              f"{tracker.uri} (run the pipeline's promote stage: dvc repro promote)")
+        saved = tracker.load_gate(params.gates.registry_name, "champion")
+        return gate_from_saved(saved, spec.threshold, "champion")  # a token gate escalates token by token
+    return load
+
+
+def _wisv_head(params, args):
+    """The head trained by the wisv_head stage (or --wisv-head)."""
     from .decoding.decision_head import load_head
-    from .decoding.wisv import WISV
     from .pipeline.saved import head_path
-    head = load_head(args.wisv_head or head_path(params))
-    return WISV(head, params.wisv.tau if args.tau is None else args.tau, params.wisv.protocol, params.wisv.max_rank)
+    return load_head(args.wisv_head or head_path(params))
 
 
 def _print_caption(args, path, rec, mode: str, notes) -> None:
@@ -162,14 +176,14 @@ def _cmd_edge(args) -> int:
 
     from .data.audio_io import read_audio
     from .data.features import clip_log_mel
-    from .decoding.engine import settings_from_params
+    from .decoding.build import build_decoder
     from .decoding.link import Link
     from .models.loading import load_role
     from .serving.client import VerifierClient
     from .serving.edge import caption_remote, check_compatible
     from .serving.server import client_token
     params = load_params(args.params)
-    decode, champion = _decode_overrides(params, args)
+    spec = _decode_spec(params, args)
     torch.set_num_threads(args.threads)
     edge = load_role(params, "edge")
     with VerifierClient(args.server, client_token(args.token_file), args.timeout, args.retries,
@@ -179,15 +193,8 @@ def _cmd_edge(args) -> int:
         for path in args.files:
             clip = read_audio(path, max_seconds=params.data.max_clip_seconds)
             mel = clip_log_mel(clip.samples, params.features)
-            settings = settings_from_params(decode, params.models.max_new_tokens, args.seed,
-                                            args.qs_level or params.qs.level)
-            if champion:
-                settings.gate = _champion_gate(params, args.threshold)
-                settings.rule = _champion_rule(settings, args)
-            if args.rule == "wisv":  # the server holds the head; the edge sends tau, the channel and states
-                from .decoding.wisv import WISV
-                settings.rule = WISV(None, params.wisv.tau if args.tau is None else args.tau, params.wisv.protocol,
-                                     params.wisv.max_rank)
+            # wisv: the server holds the head; the edge sends tau, the channel and the states
+            settings = build_decoder(spec, learned=_champion_loader(params))
             rec = caption_remote(edge, client, info, mel, args.language, settings, Link(params.link, seed=args.seed),
                                  args.wire_dtype, args.wire_dtype, emulate=args.emulate_link)
             _print_caption(args, path, rec, "networked", clip.notes)
@@ -213,27 +220,6 @@ def _add_decoding_options(s) -> None:
     s.add_argument("--seed", type=int, default=0, help="sampling and link seed")
     s.add_argument("--threads", type=int, default=2, help="CPU threads (the papers' edge has 2)")
     s.add_argument("--json", action="store_true", help="one JSON object per file with the caption and timings")
-
-
-def _champion_gate(params, threshold: float | None):
-    """The gate holding alias `champion` in the MLflow registry (gates.registry_name)."""
-    from .pipeline.saved import gate_from_saved
-    from .tracking import Tracker
-    tracker = Tracker(params.tracking.uri, params.tracking.experiment)
-    if tracker.champion(params.gates.registry_name) is None:
-        raise LookupError(f"no gate holds alias 'champion' in registered model {params.gates.registry_name!r} at "
-                          f"{tracker.uri} (run the pipeline's promote stage: dvc repro promote)")
-    saved = tracker.load_gate(params.gates.registry_name, "champion")
-    return gate_from_saved(saved, threshold, "champion")  # a token gate escalates token by token
-
-
-def _champion_rule(settings, args):
-    """The champion judges its flagged tokens by the R it carries for the language (chosen on
-    validation), unless --rank or --rule says otherwise."""
-    from .decoding.verify import rule_for_gate
-    if args.rank is not None or args.rule is not None:
-        return settings.rule
-    return rule_for_gate(settings.rule, settings.gate, args.language)
 
 
 def _cmd_score(args) -> int:

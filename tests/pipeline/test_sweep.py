@@ -4,7 +4,8 @@ import json
 import pytest
 
 from speccap.config import params_from_dict
-from speccap.pipeline.sweep import Pool, RunConfig, build_configs, config_key, eval_clips, run_config, summarize
+from speccap.pipeline.sweep import RunConfig, build_configs, config_key, eval_clips, run_config, summarize
+from speccap.pipeline.workers import Pool
 
 
 def test_configs_cover_baselines_l_sweep_and_gates():
@@ -164,7 +165,8 @@ def test_channel_free_configurations_relink_from_the_first_channel():
 
 
 def test_relinking_needs_the_source_records(tiny_project, tmp_path):
-    from speccap.pipeline.sweep import Loaded, relinked
+    from speccap.pipeline.sweep import relinked
+    from speccap.pipeline.workers import Loaded
     cfg = RunConfig("ugsd", "en", "always", None, 4, "greedy", channel="markov")
     link = params_from_dict({}).wisv.channels["markov"]
     with pytest.raises(RuntimeError, match="lacks 2 of its captions.*run that configuration first"):
@@ -178,7 +180,7 @@ def _dies_on_one_clip(job):
     import os
     import signal
 
-    from speccap.pipeline.sweep import caption_one
+    from speccap.pipeline.workers import caption_one
     if job[1] == os.environ.get("SPECCAP_TEST_DIE_ON"):
         os.kill(os.getpid(), getattr(signal, os.environ["SPECCAP_TEST_SIGNAL"]))
     return caption_one(job)

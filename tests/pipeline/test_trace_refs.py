@@ -11,8 +11,8 @@ from speccap.data.manifest import ManifestError, manifest_path, read_manifest
 from speccap.decoding.engine import cloud_only
 from speccap.decoding.link import Link
 from speccap.models.loading import load_role
-from speccap.pipeline.sweep import Pool
 from speccap.pipeline.trace_refs import build_trace_refs, refs_dir, training_clips
+from speccap.pipeline.workers import Pool
 
 
 def _copy(tiny_project, tmp_path, **data):

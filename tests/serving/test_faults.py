@@ -1,5 +1,6 @@
 """The edge always produces a caption: a killed, restarted or slow verifier only costs quality."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -56,8 +57,7 @@ def test_killed_server_mid_caption_then_restarted(pair, clips, client_for):
     info = client.info()
     try:
         mel = clips[1][1]
-        s = settings()
-        s.gate = KillAt(proc, 3)
+        s = dataclasses.replace(settings(), gate=KillAt(proc, 3))
         rec = caption_remote(edge, client, info, mel, "en", s, link())
         # two blocks verified, then the cloud is gone: the rest stays on the edge, flagged
         assert proc.poll() is not None
@@ -133,8 +133,7 @@ def test_expired_session_is_reopened_mid_caption(pair, clips, serve, client_for)
             if Pause.calls == 3:
                 time.sleep(0.5)  # the session expires while the edge drafts
             return True
-    s = settings()
-    s.gate = Pause()
+    s = dataclasses.replace(settings(), gate=Pause())
     rec = caption_remote(edge, client, client.info(), clips[3][1], "en", s, link())
     assert rec.network["reopened"] == 1 and rec.network["fallback"] == 0
     assert rec.token_ids == speculative(edge, cloud, clips[3][1], "en", settings(), link()).token_ids

@@ -3,6 +3,7 @@ and the selective protocol's mid-round exchange (MISMATCH down, HIDDEN up) runs 
 networked captions are the in-process ones, for every upload protocol."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -35,9 +36,7 @@ def head():
 
 
 def _wisv_settings(rule):
-    s = settings(gate="always", rule="greedy", policy=Fixed(4))
-    s.rule = rule
-    return s
+    return dataclasses.replace(settings(gate="always", rule="greedy", policy=Fixed(4)), rule=rule)
 
 
 def _packets(rec, kind):

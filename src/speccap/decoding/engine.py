@@ -22,17 +22,14 @@ from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
 from ..models.generate import pick
 from . import packets
-from .gates import Gate, make_gate
+from .gates import Gate
 from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, last_token
 from .link import Link
-from .policies import Fixed, UGSDAdaptive
 from .record import CaptionRecord, Clock, charge, finish
-from .rules import make_rule
 from .stats import Block, audio_summary
 
 # the loops, and the record and settings callers build them with (both live in record / halves)
-__all__ = ["CaptionRecord", "SpecSettings", "edge_only", "cloud_only", "speculative", "blocking_loop",
-           "settings_from_params"]
+__all__ = ["CaptionRecord", "SpecSettings", "edge_only", "cloud_only", "speculative", "blocking_loop"]
 
 
 def edge_only(edge: AudioLM, features: np.ndarray, language: str, max_new_tokens: int = 128,
@@ -187,15 +184,3 @@ def _draft_until_flagged(ed: EdgeHalf, block: Block, gate: Gate, needs_q: bool, 
         if tok == eos:
             break
     return False
-
-
-def settings_from_params(decode, max_new_tokens: int, seed: int = 0, qs_level: int = 16) -> SpecSettings:
-    """SpecSettings from the `decode:` section of params (a config.DecodeParams); `qs_level`: the
-    lattice level of the qs / sq rules (params qs.level)."""
-    a = decode.adaptive
-    policy = UGSDAdaptive(a.l_min, a.l_base, a.l_max) if decode.block_len == 0 else Fixed(decode.block_len)
-    gate = make_gate(decode.gate, None if decode.gate in ("never", "always") else decode.threshold)
-    return SpecSettings(gate=gate, rule=make_rule(decode.rule, decode.rank, decode.temperature or 1.0, qs_level),
-                        policy=policy, temperature=decode.temperature, max_new_tokens=max_new_tokens, seed=seed,
-                        in_flight=decode.in_flight, draft_ahead=decode.draft_ahead, edge_time_scale=decode.edge_time_scale,
-                        cloud_time_scale=decode.cloud_time_scale)

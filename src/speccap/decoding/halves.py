@@ -25,7 +25,7 @@ from .wisv import csi_of
 from .wisv_upload import choose
 
 
-@dataclass
+@dataclass(frozen=True)
 class SpecSettings:
     gate: Gate
     rule: Rule

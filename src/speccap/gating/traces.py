@@ -18,12 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import LinkConfig
-from ..decoding.engine import SpecSettings, speculative
-from ..decoding.gates import Always
+from ..decoding.build import DecodeSpec, build_decoder
+from ..decoding.engine import speculative
 from ..decoding.link import Link
-from ..decoding.policies import Fixed
 from ..decoding.stats import cloud_scalars
-from ..decoding.verify import Rank, cloud_rank
+from ..decoding.verify import cloud_rank
 from ..metrics.caption import score_captions
 from ..models.base import AudioLM
 from .features import FEATURES, block_features
@@ -95,9 +94,11 @@ def trace_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str,
                            c_scalars=cloud_scalars(cloud_rows[i], tok).tolist())
             rows.append(row)
 
-    spec = SpecSettings(gate=Always(), rule=Rank(settings.rank), policy=Fixed(settings.block_len),
-                        max_new_tokens=settings.max_new_tokens, observer=observe, trace_hidden=settings.hidden)
-    rec = speculative(edge, cloud, mel, language, spec, Link(NO_LINK))
+    # every block verified by the rank rule, the observer reading the cloud's view of each
+    spec = DecodeSpec(gate="always", threshold=None, rule="rank", rank=settings.rank, block_len=settings.block_len,
+                      max_new_tokens=settings.max_new_tokens)
+    decoder = build_decoder(spec, observer=observe, trace_hidden=settings.hidden)
+    rec = speculative(edge, cloud, mel, language, decoder, Link(NO_LINK))
     # impact of each block's first rejected token: finish with the draft token vs the cloud's
     row_at = {(r["block"], r["i"]): r for r in rows}
     for b, (block, committed, first_reject, correction) in enumerate(blocks):

@@ -25,8 +25,8 @@ import pandas as pd
 from ..config import Params
 from .gates import main_gate, roc_auc, train_gates
 from .saved import gate_dir
-from .sweep import Pool
 from .traces import DaggerSettings, collect, dagger_one, features_of, shadow_summary, trace_clips
+from .workers import Pool
 
 DAGGER_DIR = Path("data/dagger")
 

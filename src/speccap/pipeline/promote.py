@@ -16,9 +16,9 @@ import statistics
 
 from ..config import Params, gate_decode
 from ..data.featurize import load_clip_features
-from ..decoding.engine import settings_from_params, speculative
+from ..decoding.build import DecodeSpec, build_decoder
+from ..decoding.engine import speculative
 from ..decoding.link import Link
-from ..decoding.verify import rule_for_gate
 from ..metrics.bootstrap import bleu1_emotion
 from ..metrics.caption import score_captions
 from .trace_refs import training_clips
@@ -44,12 +44,12 @@ def evaluate_gate(edge, cloud, gate, params: Params, clips: dict[str, list[dict]
     out, per = {}, {}
     rhos = []
     for lang, recs in clips.items():
+        # its flagged tokens judged by its own R for the language
+        spec = DecodeSpec.from_params(params, gate_decode(params), gate=gate.name or "candidate", gate_rank=lang)
         caps = []
         for rec in recs:
             mel, _ = load_clip_features(params.data.processed_dir, rec["id"])
-            settings = settings_from_params(gate_decode(params), params.models.max_new_tokens, params.seed)
-            settings.gate = gate
-            settings.rule = rule_for_gate(settings.rule, gate, lang)  # its flagged tokens judged by its own R
+            settings = build_decoder(spec, learned=lambda _spec: gate)
             r = speculative(edge, cloud, mel, lang, settings, Link(params.link, seed=params.seed))
             caps.append(r.caption)
             rhos.append(r.metrics()["rho"])

@@ -21,10 +21,6 @@ def gate_dir(params: Params, fold: int | None = None) -> Path:
     return root if fold is None else root / "folds" / str(fold)
 
 
-def is_learned(name: str) -> bool:
-    return name.startswith(("tok-", "logistic-", "lightgbm-"))
-
-
 def gate_from_saved(saved: dict, threshold: float | dict | None = None, name: str | None = None):
     """The gate a saved pickle describes: a token gate, or an older block gate (gating.learned)."""
     thr = saved["threshold"] if threshold is None else threshold

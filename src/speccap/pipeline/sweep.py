@@ -15,17 +15,17 @@ import hashlib
 import json
 import os
 import statistics
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import LinkConfig, Params, load_params
+from ..config import LinkConfig, Params
 from ..data.manifest import append_jsonl, manifest_path, read_jsonl, read_manifest
-from ..fanout import WorkerPool
+from ..decoding.link import Link
+from ..decoding.relink import relink
 from ..metrics.bootstrap import ClipStats, with_intervals
 from ..metrics.caption import score_captions
-from .saved import cached_head, head_path, is_learned, load_gate
+from .saved import head_path
 
 METHODS = ("edge", "cloud", "ugsd")
 
@@ -197,127 +197,7 @@ def config_key(cfg: RunConfig, params: Params, models_fp: str, clip_ids: list[st
     return f"{cfg.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
-# ---- worker processes: models loaded once per process ----
-_W: dict = {}
-
-
-def _init_worker(params_path: str | None, threads: int) -> None:
-    import torch
-
-    from ..models.base import shared_vocab
-    from ..models.loading import load_role
-    torch.set_num_threads(threads)
-    params = load_params(params_path)
-    edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
-    shared_vocab(edge, cloud)
-    _W.update(params=params, edge=edge, cloud=cloud)
-
-
-def caption_one(job: tuple[dict, str]) -> dict:
-    """Caption one clip under one configuration (in a worker); errors become records, not crashes."""
-    from ..data.featurize import load_clip_features
-    from ..decoding.engine import cloud_only, edge_only, settings_from_params, speculative
-    from ..decoding.link import Link
-    cfg_d, clip_id = job
-    cfg = RunConfig(**cfg_d)
-    params: Params = _W["params"]
-    try:
-        mel, _ = load_clip_features(params.data.processed_dir, clip_id)
-        max_new = params.models.max_new_tokens
-        link = Link(link_config(params, cfg), seed=params.seed)
-        if cfg.method == "edge":
-            rec = edge_only(_W["edge"], mel, cfg.language, max_new, params.decode.temperature, params.seed,
-                            params.decode.edge_time_scale)
-        elif cfg.method == "cloud":
-            rec = cloud_only(_W["cloud"], mel, cfg.language, link, max_new, params.decode.temperature, params.seed,
-                             params.decode.cloud_time_scale)
-        else:
-            learned = is_learned(cfg.gate)
-            decode = dataclasses.replace(params.decode, gate="never" if learned else cfg.gate,
-                                         threshold=cfg.threshold or 0.0, block_len=cfg.block_len,
-                                         rule="greedy" if cfg.rule == "wisv" else cfg.rule,
-                                         rank=max(cfg.rank, 1), in_flight=cfg.in_flight)
-            if cfg.temperature is not None:
-                decode = dataclasses.replace(decode, temperature=cfg.temperature)
-            settings = settings_from_params(decode, max_new, params.seed, qs_level=cfg.level or params.qs.level)
-            if cfg.level == 0:  # Q-S with L and level chosen per round from the channel and the acceptance
-                from ..decoding.qs import QSAdaptive
-                settings.policy = QSAdaptive(settings.rule, link, _W["edge"].vocab_size, params.qs.levels,
-                                             params.qs.l_max)
-            if learned:
-                settings.gate = load_gate(params, cfg.gate, cfg.threshold, cache=_W.setdefault("gates", {}),
-                                          fold=cfg.fold)
-            if cfg.token is not None:
-                settings.gate.at_token_level(cfg.token)
-            if cfg.corrections is not None:  # the oracle at a budget (blocking loop only: no bonus tokens)
-                from ..decoding.verify import Rank
-                if cfg.in_flight or not isinstance(settings.rule, Rank):
-                    raise ValueError(f"{cfg.name}: a correction allowance needs the rank rule and the blocking loop")
-                settings.rule = Rank(settings.rule.r, cfg.corrections)
-            if cfg.rule == "wisv":  # greedy localization, the trained head judging each mismatch
-                from ..decoding.wisv import WISV
-                settings.rule = WISV(cached_head(params, _W), params.wisv.tau if cfg.tau is None else cfg.tau,
-                                     params.wisv.protocol, params.wisv.max_rank)
-            rec = speculative(_W["edge"], _W["cloud"], mel, cfg.language, settings, link)
-            if relinkable(cfg):
-                from ..decoding.relink import link_log
-                return {"id": clip_id, "caption": rec.caption, **rec.metrics(), "link_log": link_log(rec.packets)}
-        return {"id": clip_id, "caption": rec.caption, **rec.metrics()}
-    except Exception as exc:  # noqa: BLE001 - recorded per caption; the configuration decides
-        return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-
-
-def ensure_models(params_path: str | None, threads: int) -> int:
-    """Load the models into this process unless the same ones are loaded already: a Dask worker
-    runs many configurations and keeps its models between them (reloaded when the params file or
-    the weights change). Returns how often this process has loaded models."""
-    key = (str(params_path), models_fingerprint(load_params(params_path)), threads)
-    if _W.get("key") != key:
-        _init_worker(params_path, threads)
-        _W["key"] = key
-        _W["loads"] = _W.get("loads", 0) + 1
-    return _W["loads"]
-
-
-class Loaded:
-    """A Pool-like runner over the models `ensure_models` loaded in this process."""
-
-    def __init__(self, fn=None):
-        self.fn = fn or caption_one
-
-    def imap(self, jobs):
-        return map(self.fn, jobs)
-
-    def close(self):
-        pass
-
-
-def job_name(job: tuple) -> str:
-    """What a worker holds, for error messages: a caption job (config dict, clip id) or a trace job
-    (clip id, split, language, ...)."""
-    if isinstance(job[0], dict):
-        return f"clip {job[1]} of {RunConfig(**job[0]).name}"
-    return f"clip {job[0]} ({job[2]}, {job[1]} split)"
-
-
-class Pool:
-    """Worker processes holding the models; `workers=0` runs in this process (tests, debugging).
-    `fn` is the job function (module-level, takes one job, reads the models from `_W`). A worker
-    that dies raises `WorkerDied` from `imap` (speccap.fanout): the records written so far stay."""
-
-    def __init__(self, params_path: str | None, workers: int, threads: int, fn=None, stage: str = "decode"):
-        self.workers = workers
-        self.fn = fn or caption_one
-        self.pool = WorkerPool(self.fn, workers, stage=stage, initializer=_init_worker, initargs=(params_path, threads))
-
-    def imap(self, jobs):
-        return self.pool.imap_unordered(jobs, key=job_name)
-
-    def close(self):
-        self.pool.close()
-
-
-def run_config(cfg: RunConfig, clips: list[dict], pool: Pool, path: Path, progress=None,
+def run_config(cfg: RunConfig, clips: list[dict], pool, path: Path, progress=None,
                relink_from: tuple[Path, LinkConfig, int] | None = None) -> list[dict]:
     """Caption every clip not yet in `path` (appending each record as it comes); return all records.
     `relink_from` (records file, link, seed): relink that file's records onto the link instead of decoding."""
@@ -342,8 +222,6 @@ def run_config(cfg: RunConfig, clips: list[dict], pool: Pool, path: Path, progre
 def relinked(cfg: RunConfig, clip_ids: list[str], source: Path, link: LinkConfig, seed: int):
     """`cfg`'s records of `clip_ids` from the source configuration's records file, each relinked
     onto `link` (a fresh link model per caption with the decode's seed, as caption_one makes)."""
-    from ..decoding.link import Link
-    from ..decoding.relink import relink
     if not clip_ids:
         return
     have = {r["id"]: r for r in read_jsonl(source)} if source.exists() else {}

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..config import Params
 from ..data.emotions import detect_emotion
 from ..data.manifest import ManifestError, manifest_path, read_jsonl, read_manifest, write_jsonl
-from . import folds, sweep
+from . import folds, sweep, workers
 
 SPLITS = ("train", "val")
 
@@ -74,7 +74,7 @@ def _cloud_todo(params: Params, split: str, language: str) -> tuple[list[dict], 
     return recs, [r for r in recs if needs_cloud(params, r)]
 
 
-def build_trace_refs(params: Params, pool: sweep.Pool | None, progress=None) -> dict:
+def build_trace_refs(params: Params, pool: workers.Pool | None, progress=None) -> dict:
     """Write every train and validation clip with the references it is judged against; `pool`
     (workers holding the models) captions those that take the cloud's and are not captioned yet.
     Returns the stage's report."""

@@ -19,9 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import Params
-from . import sweep
-from .saved import load_gate
+from ..config import Params, gate_decode
+from ..decoding.build import DecodeSpec, build_decoder
+from ..decoding.engine import speculative
+from ..decoding.link import Link
+from . import sweep, workers
 from .trace_refs import training_clips
 
 TRACE_DIR = Path("data/traces")
@@ -51,7 +53,7 @@ def traces_key(params: Params, settings=None) -> str:
 
 
 def shadow_one(job: tuple) -> dict:
-    """One clip's on-policy trace in a worker (models from sweep._W), along the edge's own caption."""
+    """One clip's on-policy trace in a worker (models from workers.worker()), along the edge's own caption."""
     from ..gating.shadow import ShadowSettings
     return _shadow_record(job, ShadowSettings(**job[5]), lambda mel, language: None)
 
@@ -62,10 +64,10 @@ def _shadow_record(job: tuple, settings, committed_of) -> dict:
     from ..data.featurize import load_clip_features
     from ..gating.shadow import shadow_caption
     clip_id, split, language, references, key, _, emotion = job
-    params: Params = sweep._W["params"]
+    w = workers.worker()
     try:
-        mel, _ = load_clip_features(params.data.processed_dir, clip_id)
-        x, labels, caption = shadow_caption(sweep._W["edge"], sweep._W["cloud"], mel, language, references,
+        mel, _ = load_clip_features(w.params.data.processed_dir, clip_id)
+        x, labels, caption = shadow_caption(w.edge, w.cloud, mel, language, references,
                                             emotion, settings, committed=committed_of(mel, language))
         return {"id": clip_id, "key": key, "split": split, "language": language, "caption": caption,
                 "rows": labels, "x_shape": list(x.shape), "x": base64.b64encode(x.tobytes()).decode()}
@@ -91,19 +93,14 @@ class DaggerSettings:
 def dagger_one(job: tuple) -> dict:
     """One clip in a worker: the token-gated loop's caption under the round's gate, then its shadow
     trace along that caption (gating.shadow, `committed`)."""
-    from ..config import gate_decode
-    from ..decoding.engine import settings_from_params, speculative
-    from ..decoding.link import Link
     from ..gating.shadow import ShadowSettings
-    params: Params = sweep._W["params"]
+    w = workers.worker()
     d = DaggerSettings(**job[5])
+    spec = DecodeSpec.from_params(w.params, gate_decode(w.params), gate=d.gate, threshold=d.threshold, token=d.verify)
 
     def committed(mel, language):
-        spec = settings_from_params(gate_decode(params), params.models.max_new_tokens, params.seed)
-        spec.gate = load_gate(params, d.gate, d.threshold, cache=sweep._W.setdefault("gates", {}))
-        spec.gate.at_token_level(d.verify)
-        return speculative(sweep._W["edge"], sweep._W["cloud"], mel, language, spec,
-                           Link(params.link, seed=params.seed)).token_ids
+        settings = build_decoder(spec, learned=workers.learned_gates(w.params, w.cache))
+        return speculative(w.edge, w.cloud, mel, language, settings, Link(w.params.link, seed=w.params.seed)).token_ids
     return _shadow_record(job, ShadowSettings(d.rank, d.critical_margin, d.max_new_tokens), committed)
 
 
@@ -131,22 +128,21 @@ def features_of(df: pd.DataFrame) -> np.ndarray:
 
 
 def trace_one(job: tuple) -> dict:
-    """Trace one clip in a worker (models from sweep._W) under the TraceSettings given as a dict;
+    """Trace one clip in a worker (models from workers.worker()) under the TraceSettings given as a dict;
     errors come back as a record."""
     from ..data.featurize import load_clip_features
     from ..gating.traces import TraceSettings, trace_caption
     clip_id, split, language, references, key, settings, _ = job
-    params: Params = sweep._W["params"]
+    w = workers.worker()
     try:
-        mel, _ = load_clip_features(params.data.processed_dir, clip_id)
-        rows, caption = trace_caption(sweep._W["edge"], sweep._W["cloud"], mel, language, references,
-                                      TraceSettings(**settings))
+        mel, _ = load_clip_features(w.params.data.processed_dir, clip_id)
+        rows, caption = trace_caption(w.edge, w.cloud, mel, language, references, TraceSettings(**settings))
         return {"id": clip_id, "key": key, "split": split, "language": language, "caption": caption, "rows": rows}
     except Exception as exc:  # noqa: BLE001 - the stage decides what a failed clip means
         return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
-def collect(params: Params, pool: sweep.Pool, out_dir: Path = TRACE_DIR, progress=None, settings=None,
+def collect(params: Params, pool: workers.Pool, out_dir: Path = TRACE_DIR, progress=None, settings=None,
             counts=None) -> dict[str, pd.DataFrame]:
     """Trace every selected clip not yet on disk; return one table per split (train, val).
     `settings` (TraceSettings) and `counts` (clips per split) default to the gates' traces."""

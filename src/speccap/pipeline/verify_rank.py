@@ -33,8 +33,9 @@ from ..metrics.bootstrap import ClipStats, difference, interval
 from .gates import learned_names, main_gate
 from .markdown import md_table
 from .saved import gate_dir
-from .sweep import Pool, RunConfig, config_key, models_fingerprint, run_config, summarize
+from .sweep import RunConfig, config_key, models_fingerprint, run_config, summarize
 from .trace_refs import refs_path, training_clips
+from .workers import Pool
 
 VERIFY_RANK_DIR = Path("data/verify_rank")
 KEY = "bleu1_emotion"  # metrics.bootstrap: mean of BLEU-1 and the emotion hit rate

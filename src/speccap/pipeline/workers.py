@@ -1,0 +1,147 @@
+"""Worker processes that hold the models, and the job they run most: one caption of one sweep
+configuration. Each process loads the edge and cloud once (the pool's initializer, or
+`ensure_models` on a Dask worker) and keeps a cache of the learned deciders its decoders load.
+The trace jobs (pipeline.traces) read the same models through `worker()`."""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+
+from ..config import Params, load_params
+from ..data.featurize import load_clip_features
+from ..decoding.build import DecodeSpec, build_decoder
+from ..decoding.engine import cloud_only, edge_only, speculative
+from ..decoding.link import Link
+from ..decoding.relink import link_log
+from ..fanout import WorkerPool
+from .saved import cached_head, load_gate
+from .sweep import RunConfig, link_config, models_fingerprint, relinkable
+
+_W: dict = {}
+
+
+@dataclass(frozen=True)
+class Worker:
+    """What a worker process loaded once: the params, both models, and a cache of the learned
+    deciders its decoders load (gates, the WISV head)."""
+    params: Params
+    edge: object
+    cloud: object
+    cache: dict
+
+
+def worker() -> Worker:
+    """This worker process's models (loaded by the pool's initializer or `ensure_models`)."""
+    return Worker(_W["params"], _W["edge"], _W["cloud"], _W.setdefault("cache", {}))
+
+
+def _init_worker(params_path: str | None, threads: int) -> None:
+    import torch
+
+    from ..models.base import shared_vocab
+    from ..models.loading import load_role
+    torch.set_num_threads(threads)
+    params = load_params(params_path)
+    edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
+    shared_vocab(edge, cloud)
+    _W.update(params=params, edge=edge, cloud=cloud)
+
+
+def decode_spec(cfg: RunConfig, params: Params) -> DecodeSpec:
+    """The decoder a speculative configuration runs: params' decode settings with the configuration's
+    gate, threshold, L, rule and loop on top."""
+    over = dict(gate=cfg.gate, threshold=cfg.threshold, block_len=cfg.block_len, rule=cfg.rule,
+                rank=max(cfg.rank, 1), in_flight=cfg.in_flight, token=cfg.token, corrections=cfg.corrections,
+                fold=cfg.fold, qs_adaptive=cfg.level == 0)
+    if cfg.temperature is not None:
+        over["temperature"] = cfg.temperature
+    if cfg.level:
+        over["qs_level"] = cfg.level
+    if cfg.tau is not None:
+        over["tau"] = cfg.tau
+    return DecodeSpec.from_params(params, **over)
+
+
+def learned_gates(params: Params, cache: dict):
+    """How the decoders of a process load learned gates: from models/gates/, each file read once."""
+    return lambda spec: load_gate(params, spec.gate, spec.threshold, cache=cache.setdefault("gates", {}),
+                                  fold=spec.fold)
+
+
+def caption_one(job: tuple[dict, str]) -> dict:
+    """Caption one clip under one configuration (in a worker); errors become records, not crashes."""
+    cfg_d, clip_id = job
+    cfg = RunConfig(**cfg_d)
+    params: Params = _W["params"]
+    try:
+        mel, _ = load_clip_features(params.data.processed_dir, clip_id)
+        max_new = params.models.max_new_tokens
+        link = Link(link_config(params, cfg), seed=params.seed)
+        if cfg.method == "edge":
+            rec = edge_only(_W["edge"], mel, cfg.language, max_new, params.decode.temperature, params.seed,
+                            params.decode.edge_time_scale)
+        elif cfg.method == "cloud":
+            rec = cloud_only(_W["cloud"], mel, cfg.language, link, max_new, params.decode.temperature, params.seed,
+                             params.decode.cloud_time_scale)
+        else:
+            w = worker()
+            settings = build_decoder(decode_spec(cfg, params), learned=learned_gates(params, w.cache),
+                                     head=cached_head(params, w.cache) if cfg.rule == "wisv" else None, link=link,
+                                     vocab=w.edge.vocab_size)
+            rec = speculative(_W["edge"], _W["cloud"], mel, cfg.language, settings, link)
+            if relinkable(cfg):
+                return {"id": clip_id, "caption": rec.caption, **rec.metrics(), "link_log": link_log(rec.packets)}
+        return {"id": clip_id, "caption": rec.caption, **rec.metrics()}
+    except Exception as exc:  # noqa: BLE001 - recorded per caption; the configuration decides
+        return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+
+
+def ensure_models(params_path: str | None, threads: int) -> int:
+    """Load the models into this process unless the same ones are loaded already: a Dask worker
+    runs many configurations and keeps its models between them (reloaded when the params file or
+    the weights change). Returns how often this process has loaded models."""
+    key = (str(params_path), models_fingerprint(load_params(params_path)), threads)
+    if _W.get("key") != key:
+        _init_worker(params_path, threads)
+        _W["key"] = key
+        _W["loads"] = _W.get("loads", 0) + 1
+    return _W["loads"]
+
+
+class Loaded:
+    """A Pool-like runner over the models `ensure_models` loaded in this process."""
+
+    def __init__(self, fn=None):
+        self.fn = fn or caption_one
+
+    def imap(self, jobs):
+        return map(self.fn, jobs)
+
+    def close(self):
+        pass
+
+
+def job_name(job: tuple) -> str:
+    """What a worker holds, for error messages: a caption job (config dict, clip id) or a trace job
+    (clip id, split, language, ...)."""
+    if isinstance(job[0], dict):
+        return f"clip {job[1]} of {RunConfig(**job[0]).name}"
+    return f"clip {job[0]} ({job[2]}, {job[1]} split)"
+
+
+class Pool:
+    """Worker processes holding the models; `workers=0` runs in this process (tests, debugging).
+    `fn` is the job function (module-level, takes one job, reads the models from `_W`). A worker
+    that dies raises `WorkerDied` from `imap` (speccap.fanout): the records written so far stay."""
+
+    def __init__(self, params_path: str | None, workers: int, threads: int, fn=None, stage: str = "decode"):
+        self.workers = workers
+        self.fn = fn or caption_one
+        self.pool = WorkerPool(self.fn, workers, stage=stage, initializer=_init_worker, initargs=(params_path, threads))
+
+    def imap(self, jobs):
+        return self.pool.imap_unordered(jobs, key=job_name)
+
+    def close(self):
+        self.pool.close()
