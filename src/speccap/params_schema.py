@@ -57,7 +57,7 @@ class SyntheticParams:
 class Mer2024Params:
     # Local copy of the MER2024 caption subset (EULA: never downloaded by this code).
     path: str | None = None
-    reference_mode: Literal["audio_only", "full"] = "audio_only"  # full | audio_only
+    reference_mode: Literal["audio_only", "full"] = "audio_only"
 
 
 @params_class
@@ -74,13 +74,13 @@ class CrossFitParams:
     # Gates and the WISV head learned on the referenced clips themselves, k folds: each fold's gates
     # trained on k - 2 folds, thresholded on the next fold, evaluated on their own fold only.
     # auto = when the corpus has no train clips of its own (MER2024 without a trace pool).
-    when: Literal["always", "auto", "never"] = "auto"  # auto | always | never
+    when: Literal["always", "auto", "never"] = "auto"
     folds: Annotated[int, Strict(), Field(ge=3)] = 5  # a fold to test, one to threshold on, one or more to train on
 
 
 @params_class
 class DataParams:
-    source: Literal["mer2024", "synthetic"] = "synthetic"  # synthetic | mer2024
+    source: Literal["mer2024", "synthetic"] = "synthetic"
     languages: Annotated[tuple[Language, ...], Field(min_length=1)] = ("en", "zh")
     max_clip_seconds: Positive = 30.0
     raw_dir: str = "data/raw"
@@ -108,7 +108,6 @@ class FeatureParams:
 @params_class
 class ThinkerSize:
     """Size of an embedded captioner (a small config of a Qwen-Omni thinker class)."""
-
     text_hidden: Int = 128
     text_layers: Int = 2
     text_heads: Int = 4
@@ -118,9 +117,8 @@ class ThinkerSize:
     audio_layers: Int = 2
     audio_heads: Int = 4
     audio_ffn: Int = 256
-    # Qwen3-Omni-MoE only
-    experts: Int = 4
-    experts_per_token: Int = 2
+    experts: Int = 4  # Qwen3-Omni-MoE only
+    experts_per_token: Int = 2  # Qwen3-Omni-MoE only
 
 
 @params_class
@@ -174,7 +172,7 @@ class AdaptiveParams:
 @params_class
 class DecodeParams:
     temperature: Float = 0.0  # 0 = greedy drafting and generation
-    rule: Literal["greedy", "qs", "rank", "spec_sampling", "sq"] = "rank"  # greedy | rank | spec_sampling
+    rule: RuleName = "rank"
     # R of the rank rule. The papers' R = 20 is for Qwen's 152k vocabulary; with the embedded
     # ~1k vocabulary a draft token's cloud rank is almost never above 20, so R is 1-3 here.
     rank: Count = 2
@@ -185,7 +183,7 @@ class DecodeParams:
     # pipelined verification: escalated blocks in flight while the edge drafts ahead; 0 = the
     # blocking loop of the papers (the edge waits for every verdict)
     in_flight: NonNeg = 0
-    draft_ahead: Literal["adaptive", "always"] = "adaptive"  # adaptive | always (see decoding/pipelined.py)
+    draft_ahead: Literal["adaptive", "always"] = "adaptive"  # see decoding/pipelined.py
     # hardware emulation on the virtual clock: measured compute times these (e.g. an edge 400x
     # slower than this CPU runs the embedded edge at the papers' ~2 tokens/s)
     edge_time_scale: Positive = 1.0
@@ -333,7 +331,7 @@ class WisvParams:
     critical_weight: NonNegFloat = 1.0
     tau: Unit = 0.5  # tolerate a mismatch when P(reject) < tau
     max_rank: NonNeg = 0  # and only when the draft token is in the cloud's top max_rank (0 = no cap)
-    protocol: Literal["auto", "full", "selective"] = "auto"  # full | selective | auto (per round, on the link model)
+    protocol: Literal["auto", "full", "selective"] = "auto"  # auto: full or selective per round, on the link model
     registry_name: str = "speccap-wisv-head"
     block_lens: Annotated[tuple[Count, ...], Field(min_length=1)] = (4, 8)  # draft windows of the evaluation
     # rank-R rules of the evaluation (R = 1 is greedy): the frontier WISV is compared with at its AAL

@@ -12,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import get_args
 
 from ..config import DecodeParams, Params
+from ..params_schema import GateName
 from .gates import Gate, make_gate
 from .halves import SpecSettings
 from .link import Link
@@ -23,7 +25,7 @@ from .rules import make_rule
 from .verify import Rank, Rule, rule_for_gate
 from .wisv import WISV
 
-RULE_GATES = ("never", "always", "entropy", "margin", "logprob")
+RULE_GATES = get_args(GateName)  # every other gate name is a learned gate
 
 
 @dataclass(frozen=True)
