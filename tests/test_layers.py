@@ -82,3 +82,18 @@ def test_the_checks_see_a_circle_and_an_upward_import():
     graph["speccap.data.manifest"] = graph["speccap.data.manifest"] | {"speccap.pipeline.sweep"}
     assert any("speccap.data.manifest" in c for c in _cycles(graph))
     assert LAYERS[_layer("speccap.pipeline.sweep")] > LAYERS[_layer("speccap.data.manifest")]
+
+
+def test_modules_and_functions_stay_small():
+    """One job per module: no module of the package or the flows over 400 lines, no function over 80."""
+    import ast
+    big = []
+    for base in ("src/speccap", "flows"):
+        for p in (ROOT / base).rglob("*.py"):
+            text = p.read_text()
+            if len(text.splitlines()) > 400:
+                big.append(f"{p.relative_to(ROOT)}: {len(text.splitlines())} lines")
+            big += [f"{p.relative_to(ROOT)}: {node.name}() {node.end_lineno - node.lineno + 1} lines"
+                    for node in ast.walk(ast.parse(text))
+                    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 80]
+    assert big == []

@@ -162,26 +162,11 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: li
         for c in ok:
             if c["language"] != lang or c["method"] != "ugsd":
                 continue
-            m, s = c["metrics"], _stats(c)
-            oracle = is_oracle(c["gate_name"])
-            # a row run on fewer clips (gates.detail_clips) is paired with edge and cloud on those clips
-            e_s, c_s = (edge, cloud) if s.ids == edge.ids else (edge.subset(s.ids), cloud.subset(s.ids))
-            rho = m.get("corrected", 0.0) / m["drafted"] if oracle and m.get("drafted") else m.get("rho", 0.0)
-            parts = papers_parts(m, "ugsd")
-            papers_time = sum(parts.values())
-            entry = {"budget": c["budget"], "rho": rho, "clips": len(s.ids), "threshold": c["threshold"], "total_time": m["total_time"],
-                     "cloud_compute": m.get("cloud_compute", 0.0), "edge_compute": m.get("edge_compute", 0.0),
-                     "papers_time": papers_time,
-                     "papers_x_edge": papers_time / edge_time if edge_time else None,
-                     # the ratio's parts: the edge's forwards (x edge-only's: the caption's length), the
-                     # cloud's forwards and the link, each over edge-only's time
-                     "papers_x_edge_parts": {k: v / edge_time for k, v in parts.items()} if edge_time else None,
-                     "cloud_compute_vs_cloud_only": m.get("rounds", 0.0) / (cm["tokens"] + 1)}
-            for k in keys:
-                entry[k] = interval(s, k)
-                entry[f"gap_closed_{k}"] = gap_closed(e_s, s, c_s, k)
+            s = _stats(c)
+            entry = _entry(c, s, edge, cloud, cm, edge_time, keys)
             per_gate.setdefault(c["gate_name"], []).append(entry)
-            rows.append([lang, c["gate_name"], "-" if oracle else c["budget"], len(s.ids), f"{rho:.3f}"]
+            rows.append([lang, c["gate_name"], "-" if is_oracle(c["gate_name"]) else c["budget"], len(s.ids),
+                         f"{entry['rho']:.3f}"]
                         + [format_ci(entry[k]) for k in keys] + [_share(entry[f"gap_closed_{k}"]) for k in keys]
                         + [f"{entry['papers_time']:.1f}", _x(entry["papers_x_edge"]),
                            _x(entry["cloud_compute_vs_cloud_only"])])
@@ -231,6 +216,30 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: li
     _pareto_plot(result, out / "pareto.png")
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def _entry(c: dict, s: ClipStats, edge: ClipStats, cloud: ClipStats, cloud_metrics: dict, edge_time: float,
+           keys: list[str]) -> dict:
+    """One gate row at one budget: its rho, times, and each metric with its interval and gap closed."""
+    m = c["metrics"]
+    # a row run on fewer clips (gates.detail_clips) is paired with edge and cloud on those clips
+    e_s, c_s = (edge, cloud) if s.ids == edge.ids else (edge.subset(s.ids), cloud.subset(s.ids))
+    oracle = is_oracle(c["gate_name"])
+    rho = m.get("corrected", 0.0) / m["drafted"] if oracle and m.get("drafted") else m.get("rho", 0.0)
+    parts = papers_parts(m, "ugsd")
+    papers_time = sum(parts.values())
+    entry = {"budget": c["budget"], "rho": rho, "clips": len(s.ids), "threshold": c["threshold"], "total_time": m["total_time"],
+             "cloud_compute": m.get("cloud_compute", 0.0), "edge_compute": m.get("edge_compute", 0.0),
+             "papers_time": papers_time,
+             "papers_x_edge": papers_time / edge_time if edge_time else None,
+             # the ratio's parts: the edge's forwards (x edge-only's: the caption's length), the
+             # cloud's forwards and the link, each over edge-only's time
+             "papers_x_edge_parts": {k: v / edge_time for k, v in parts.items()} if edge_time else None,
+             "cloud_compute_vs_cloud_only": m.get("rounds", 0.0) / (cloud_metrics["tokens"] + 1)}
+    for k in keys:
+        entry[k] = interval(s, k)
+        entry[f"gap_closed_{k}"] = gap_closed(e_s, s, c_s, k)
+    return entry
 
 
 def dagger_section(rounds: list[dict]) -> str:

@@ -113,7 +113,26 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
         "# Token transmission rate (rho = transmitted / drafted) and uplink bytes per caption\n\n"
         + _clips_note(params) + _table(["lang", "config", "clips", "rho", "bytes up", "rounds", "AAL", "BLEU-1"], rows))
 
-    # L sweep at the default gate
+    lsweep = _l_sweep_table(params, ugsd, out)
+    _gates_table(params, ok, ugsd, out)
+    _pipelined_table(params, ok, langs, pick, out)
+    _qs_table(params, sampled, out)
+    _plots([c for c in ok if c.get("in_flight", 0) == d.in_flight], langs, lsweep, out / "plots")
+    if failed:
+        (out / "tables" / "failed.md").write_text("# Failed configurations\n\n" + _table(
+            ["config", "error"], [[c["name"], c.get("error", "")[:300]] for c in failed]))
+    metrics = {lang: {m: ({k: pick[(lang, m)]["metrics"].get(k) for k in
+                           ("bleu1", "bleu4", "meteor", "rouge_l", "emotion_hit_rate", "total_time", "otps", "rho", "aal")}
+                          if pick[(lang, m)] else None) for m, _ in methods} for lang in langs}
+    metrics["configs"] = {"finished": len(ok), "failed": len(failed)}
+    metrics["intervals"] = quality_ci  # per language: each method's CIs, paired differences, gap closed
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    return metrics
+
+
+def _l_sweep_table(params: Params, ugsd: list[dict], out: Path) -> list[dict]:
+    """The L sweep at the default gate: its table and CSV; returns its configurations."""
+    d = params.decode
     lsweep = sorted([c for c in ugsd if _at_default_gate(c, params)], key=lambda c: (c["language"], c["block_len"] or 999))
     rows = [[c["language"], "adaptive" if c["block_len"] == 0 else c["block_len"], c.get("clips"),
              format_ci(metric_ci(c["metrics"], "bleu1"))] +
@@ -128,8 +147,12 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
         for c in lsweep:
             w.writerow([c["language"], c["block_len"] or "adaptive", c["metrics"]["bleu1"], c["metrics"]["total_time"],
                         c["metrics"]["rho"]])
+    return lsweep
 
-    # gates at the default L
+
+def _gates_table(params: Params, ok: list[dict], ugsd: list[dict], out: Path) -> None:
+    """The gates at the default L (table), and quality against rho for every configuration (CSV)."""
+    d = params.decode
     gates = sorted([c for c in ugsd if c["block_len"] == d.block_len], key=lambda c: (c["language"], c["gate"], c["threshold"] or 0))
     rows = [[c["language"], c["gate"], c["threshold"], c.get("clips"), format_ci(metric_ci(c["metrics"], "bleu1"))]
             + [c["metrics"].get(k) for k in ("meteor", "rouge_l", "emotion_hit_rate", "rho", "total_time")] for c in gates]
@@ -143,20 +166,6 @@ def build_report(params: Params, summary: dict, out_dir: str | Path = "reports")
         for c in ok:
             rho = {"edge": 0.0, "cloud": 1.0}.get(c["method"], c["metrics"].get("rho", 0.0))
             w.writerow([c["language"], c["name"], rho, c["metrics"]["bleu1"], c["metrics"]["total_time"]])
-
-    _pipelined_table(params, ok, langs, pick, out)
-    _qs_table(params, sampled, out)
-    _plots([c for c in ok if c.get("in_flight", 0) == d.in_flight], langs, lsweep, out / "plots")
-    if failed:
-        (out / "tables" / "failed.md").write_text("# Failed configurations\n\n" + _table(
-            ["config", "error"], [[c["name"], c.get("error", "")[:300]] for c in failed]))
-    metrics = {lang: {m: ({k: pick[(lang, m)]["metrics"].get(k) for k in
-                           ("bleu1", "bleu4", "meteor", "rouge_l", "emotion_hit_rate", "total_time", "otps", "rho", "aal")}
-                          if pick[(lang, m)] else None) for m, _ in methods} for lang in langs}
-    metrics["configs"] = {"finished": len(ok), "failed": len(failed)}
-    metrics["intervals"] = quality_ci  # per language: each method's CIs, paired differences, gap closed
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-    return metrics
 
 
 def _qs_table(params: Params, sampled: list[dict], out: Path) -> None:

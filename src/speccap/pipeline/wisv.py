@@ -249,32 +249,7 @@ def _markdown(params: Params, r: dict) -> str:
                     for p in r["protocols"]])
     refs = "; ".join(f"{lang}: edge-only {_fmt(v['edge'])}, cloud-only {_fmt(v['cloud'])}"
                      for lang, v in r["references"].items())
-    head = ""
-    if h:
-        factored = h.get("factored")
-        crit_name = "its criticality score (the channel term left out)" if factored else "its P(reject)"
-        head = (f"\n## The head (validation traces)\n\n"
-                f"AUC on the raw critical labels, {crit_name}: {_fmt(h.get('val_auc_critical'))} (target 0.80); "
-                f"on the relabeled targets, its P(reject): {_fmt(h.get('val_auc'))} (target 0.85). "
-                f"A head that knew every raw critical flag and ordered them by the channel's repair budget would "
-                f"reach {_fmt(h.get('val_auc_ceiling'))} on the relabeled targets: the rest is the relabeling's own "
-                f"draw (which critical mismatches a channel tolerates depends on their neighbours' importance and a "
-                f"random policy), which no head can predict. Accuracy {_fmt(h.get('val_accuracy'))} at tau "
-                f"{_fmt(h.get('tau'))}. Repairs asked on the poorest third of drawn channels vs the best third: "
-                f"labels {_fmt(h.get('label_repair_poor'))} vs {_fmt(h.get('label_repair_good'))}, head "
-                f"{_fmt(h.get('head_reject_poor'))} vs {_fmt(h.get('head_reject_good'))}. The head rejects "
-                f"{_fmt(h.get('head_reject_critical'))} of critical and {_fmt(h.get('head_reject_noncritical'))} of "
-                f"non-critical mismatches. Plots: head_vs_channel.png, calibration.png.\n\n"
-                f"The head: {'hidden states projected to ' + str(h.get('rank')) + ' dims each' if h.get('rank') else 'raw hidden states'}"
-                f"{', with the cloud scalars' if h.get('scalars') else ''}"
-                + ("; factored: a criticality score of the token, trained on the raw critical flags as well as the "
-                   "relabeled targets, plus a linear channel term (P(reject) = sigmoid(z + w . CSI + b))"
-                   if factored else "; the CSI read beside the token, trained on the relabeled targets")
-                + f"; trained {_fmt(h.get('fit_epochs_run'))} epochs, "
-                f"kept epoch {_fmt(h.get('fit_best_epoch'))} (lowest loss on held-out train captions). "
-                f"Each cloud scalar alone on the raw critical labels (validation AUC): "
-                + (", ".join(f"{k[len('val_auc_critical_'):]} {_fmt(v)}" for k, v in h.items()
-                             if k.startswith("val_auc_critical_")) or "-") + ".\n")
+    head = _head_section(h) if h else ""
     return (
         "# WISV: CSI-aware acceptance vs greedy and rank-R verification\n\n"
         f"Every block verified (gate `always`), test clips ({params.wisv.eval_clips or 'all'} per language"
@@ -327,6 +302,34 @@ def _markdown(params: Params, r: dict) -> str:
         "met here. The `auto` protocol makes this choice per round; on these embedded models (hidden sizes "
         f"{params.models.edge.size.text_hidden} / {params.models.cloud.size.text_hidden}) the states are small and "
         "full-hidden almost always wins.\n\n" + proto + "\n\nPlot: wisv.png.\n")
+
+
+def _head_section(h: dict) -> str:
+    """The trained head's section of the report: its AUCs against their ceiling, what it rejects, how it is built."""
+    factored = h.get("factored")
+    crit_name = "its criticality score (the channel term left out)" if factored else "its P(reject)"
+    return (f"\n## The head (validation traces)\n\n"
+            f"AUC on the raw critical labels, {crit_name}: {_fmt(h.get('val_auc_critical'))} (target 0.80); "
+            f"on the relabeled targets, its P(reject): {_fmt(h.get('val_auc'))} (target 0.85). "
+            f"A head that knew every raw critical flag and ordered them by the channel's repair budget would "
+            f"reach {_fmt(h.get('val_auc_ceiling'))} on the relabeled targets: the rest is the relabeling's own "
+            f"draw (which critical mismatches a channel tolerates depends on their neighbours' importance and a "
+            f"random policy), which no head can predict. Accuracy {_fmt(h.get('val_accuracy'))} at tau "
+            f"{_fmt(h.get('tau'))}. Repairs asked on the poorest third of drawn channels vs the best third: "
+            f"labels {_fmt(h.get('label_repair_poor'))} vs {_fmt(h.get('label_repair_good'))}, head "
+            f"{_fmt(h.get('head_reject_poor'))} vs {_fmt(h.get('head_reject_good'))}. The head rejects "
+            f"{_fmt(h.get('head_reject_critical'))} of critical and {_fmt(h.get('head_reject_noncritical'))} of "
+            f"non-critical mismatches. Plots: head_vs_channel.png, calibration.png.\n\n"
+            f"The head: {'hidden states projected to ' + str(h.get('rank')) + ' dims each' if h.get('rank') else 'raw hidden states'}"
+            f"{', with the cloud scalars' if h.get('scalars') else ''}"
+            + ("; factored: a criticality score of the token, trained on the raw critical flags as well as the "
+               "relabeled targets, plus a linear channel term (P(reject) = sigmoid(z + w . CSI + b))"
+               if factored else "; the CSI read beside the token, trained on the relabeled targets")
+            + f"; trained {_fmt(h.get('fit_epochs_run'))} epochs, "
+            f"kept epoch {_fmt(h.get('fit_best_epoch'))} (lowest loss on held-out train captions). "
+            f"Each cloud scalar alone on the raw critical labels (validation AUC): "
+            + (", ".join(f"{k[len('val_auc_critical_'):]} {_fmt(v)}" for k, v in h.items()
+                         if k.startswith("val_auc_critical_")) or "-") + ".\n")
 
 
 def _with_ci(v, ci: list[float] | None, signed: bool = False) -> str:
