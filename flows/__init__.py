@@ -2,15 +2,20 @@
 
 Importing this package points Prefect at the shared server of params (`tracking.prefect_api_url`)
 before Prefect reads its settings, unless $PREFECT_API_URL is set already (which wins), so every
-flow process of a cluster can be sent to one server by params alone.
+flow process of a cluster can be sent to one server by params alone. And it pins the numerical
+kernels before numpy and torch load (speccap.kernels), so a stage writes the same bytes on any
+x86-64 machine.
 """
 
 import json
 import os
 import sys
 
-from speccap.config import ConfigError, load_params
-from speccap.preflight import INPUT_ERRORS, check_stage
+from speccap.kernels import pin_kernels
+
+pin_kernels()
+from speccap.config import ConfigError, load_params  # noqa: E402 - after the pins
+from speccap.preflight import INPUT_ERRORS, check_stage  # noqa: E402 - after the pins
 
 
 def _shared_prefect_server() -> None:

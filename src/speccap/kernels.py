@@ -1,0 +1,32 @@
+"""Numerical kernels pinned, so that a stage writes the same bytes on every x86-64 machine.
+
+Which kernel a numerical library runs is chosen per CPU unless the environment says otherwise, and
+kernels sum in different orders. Measured here: OpenBLAS's SkylakeX kernel (what it picks on an
+AVX-512 CPU when OPENBLAS_CORETYPE is not set) and its Haswell kernel (what some machines of this
+workplace set) give different bits for np.convolve and np.dot, so the synthetic corpus (the
+breathiness envelope convolves) and the log-mel (the mel filterbank is a product) differed between
+two machines of one kind, and with them every model and report. torch and MKL choose likewise
+(ATEN_CPU_CAPABILITY, MKL_CBWR). The stages pin all three to the AVX2 level, which every x86-64
+machine the project runs on has: the results then depend on the inputs, not on the CPU.
+
+The pins take effect only when set before numpy and torch load: a stage's process imports `flows`
+first, which calls `pin_kernels`. A process that loaded them already (a test importing a flow) keeps
+its kernels, and so do the workers it starts.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+PINS = {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+
+
+def pin_kernels() -> dict[str, str]:
+    """Set PINS in this process's environment (its worker processes inherit it) on x86-64, unless numpy
+    or torch is loaded already; return what was set."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or "numpy" in sys.modules or "torch" in sys.modules:
+        return {}
+    os.environ.update(PINS)
+    return dict(PINS)

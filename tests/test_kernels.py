@@ -1,0 +1,56 @@
+"""The stages' numerical kernels are pinned: what a stage computes does not depend on the kernel the
+machine would pick (OpenBLAS's SkylakeX on an AVX-512 CPU, Haswell where the environment says so)."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from speccap.kernels import PINS
+
+ROOT = Path(__file__).resolve().parents[1]
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+AVX512 = X86 and "avx512f" in Path("/proc/cpuinfo").read_text()
+
+# a stage's first steps: the breathiness envelope (np.convolve) and the log-mel (the filterbank product)
+PROBE = """
+import hashlib, json, sys
+if sys.argv[1] == "stage":
+    import flows  # what every stage's process imports first
+import numpy as np, threadpoolctl, torch
+from speccap.data.effects import envelope
+from speccap.data.features import log_mel
+x = (0.1 * np.random.default_rng(0).standard_normal(16000 * 2)).astype(np.float32)
+blas = [i.get("architecture") for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"]
+print(json.dumps({"blas": blas, "torch": torch.backends.cpu.get_cpu_capability(),
+                  "bytes": hashlib.sha256(envelope(x, 16000).tobytes() + log_mel(x).tobytes()).hexdigest()}))
+"""
+
+
+def _probe(how: str, coretype: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in PINS} | {
+        "OPENBLAS_CORETYPE": coretype, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    out = subprocess.run([sys.executable, "-c", PROBE, how], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not AVX512, reason="needs an x86-64 CPU with AVX-512 (OpenBLAS's SkylakeX kernel)")
+def test_a_stage_computes_the_same_bytes_whichever_kernel_the_machine_would_pick():
+    skylake, haswell = _probe("stage", "SkylakeX"), _probe("stage", "Haswell")
+    assert skylake == haswell and set(skylake["blas"]) == {"Haswell"} and skylake["torch"] == "AVX2", (skylake, haswell)
+    # the pin is what makes them equal: unpinned, the two kernels give different bits
+    assert _probe("plain", "SkylakeX")["bytes"] != _probe("plain", "Haswell")["bytes"]
+
+
+def test_pinning_after_numpy_loaded_changes_nothing(monkeypatch):
+    from speccap.kernels import pin_kernels
+    for k in PINS:
+        monkeypatch.delenv(k, raising=False)
+    assert "numpy" in sys.modules and pin_kernels() == {}
+    assert not any(k in os.environ for k in PINS)
