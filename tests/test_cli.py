@@ -66,6 +66,17 @@ def test_caption_refuses_damaged_and_too_short_audio_and_says_when_it_trims(tiny
         assert main(["--params", str(pfile), "caption", str(tmp_path / name), "--mode", "ugsd"]) == 2
         err = capsys.readouterr().err
         assert err.strip().splitlines()[-1] == f"speccap caption: error: {tmp_path / name}: {problem}"
+    # audio without speech in it: refused in one line that says what was found
+    rng = np.random.default_rng(0)
+    sf.write(tmp_path / "dc.wav", np.full(32000, 0.25, np.float32), 16000)
+    sf.write(tmp_path / "noise.wav", (0.1 * rng.standard_normal(32000)).astype(np.float32), 16000)
+    for name, found in (("dc.wav", "a constant offset of +0.250 with nothing on it above -60 dBFS"),
+                        ("noise.wav", "a flat, noise-like spectrum (median spectral flatness 0.5")):
+        for cmd in (["caption", "--mode", "ugsd"], ["caption", "--mode", "edge"]):
+            assert main(["--params", str(pfile), *cmd[:1], str(tmp_path / name), *cmd[1:]]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].startswith(
+                f"speccap caption: error: {tmp_path / name}: no speech to caption: {found}"), err
     assert main(["--params", str(pfile), "caption", str(tmp_path / "long.wav"), "--mode", "ugsd", "--language", "en"]) == 0
     out = capsys.readouterr()
     assert f"{tmp_path / 'long.wav'}: note: trimmed from 600.0 s to its first 30.0 s" in out.err

@@ -54,7 +54,6 @@ def _cmd_train(args) -> int:
 def _cmd_caption(args) -> int:
     import torch
 
-    from .data.audio_io import read_audio
     from .data.features import clip_log_mel
     from .decoding.build import build_decoder
     from .decoding.engine import cloud_only, edge_only, speculative
@@ -64,13 +63,14 @@ def _cmd_caption(args) -> int:
     params = load_params(args.params)
     spec = _decode_spec(params, args)
     torch.set_num_threads(args.threads)
+    _quiet_loading()
     edge = load_role(params, "edge") if args.mode in ("edge", "ugsd") else None
     cloud = load_role(params, "cloud") if args.mode in ("cloud", "ugsd") else None
     if edge is not None and cloud is not None:
         shared_vocab(edge, cloud)
     head = _wisv_head(params, args) if args.mode == "ugsd" and spec.rule == "wisv" else None
     for path in args.files:
-        clip = read_audio(path, max_seconds=params.data.max_clip_seconds)
+        clip = _read_speech(path, params)
         mel = clip_log_mel(clip.samples, params.features)
         link = Link(params.link, seed=args.seed)
         if args.mode == "edge":
@@ -84,6 +84,24 @@ def _cmd_caption(args) -> int:
             rec = speculative(edge, cloud, mel, args.language, settings, link)
         _print_caption(args, path, rec, args.mode, clip.notes)
     return 0
+
+
+def _quiet_loading() -> None:
+    """No progress bars while the models load: a caption's stderr holds its notes and errors alone."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+
+
+def _read_speech(path, params):
+    """The clip at `path`, or an AudioError naming it when it cannot be read or holds no speech
+    (speccap.data.speech: a constant offset, stationary noise, near-silence)."""
+    from .data.audio_io import AudioError, read_audio
+    from .data.speech import check_speech
+    clip = read_audio(path, max_seconds=params.data.max_clip_seconds)
+    found = check_speech(clip.samples, clip.sample_rate)
+    if not found.has_speech:
+        raise AudioError(path, f"no speech to caption: {found.found()}")
+    return clip
 
 
 def _decode_spec(params, args):
@@ -174,7 +192,6 @@ def _cmd_serve_cloud(args) -> int:
 def _cmd_edge(args) -> int:
     import torch
 
-    from .data.audio_io import read_audio
     from .data.features import clip_log_mel
     from .decoding.build import build_decoder
     from .decoding.link import Link
@@ -185,13 +202,14 @@ def _cmd_edge(args) -> int:
     params = load_params(args.params)
     spec = _decode_spec(params, args)
     torch.set_num_threads(args.threads)
+    _quiet_loading()
     edge = load_role(params, "edge")
     with VerifierClient(args.server, client_token(args.token_file), args.timeout, args.retries,
                         cafile=args.cafile) as client:
         info = client.info()  # fails here, clearly, on a wrong URL, token or certificate
         check_compatible(edge, info)
         for path in args.files:
-            clip = read_audio(path, max_seconds=params.data.max_clip_seconds)
+            clip = _read_speech(path, params)
             mel = clip_log_mel(clip.samples, params.features)
             # wisv: the server holds the head; the edge sends tau, the channel and the states
             settings = build_decoder(spec, learned=_champion_loader(params))
