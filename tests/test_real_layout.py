@@ -124,8 +124,9 @@ def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_pa
         for k in range(n_ref, n_ref + n_pool):
             write_wav(pool / f"clip_{k:03d}.wav", _speech(speaker, k))
         params["data"]["trace_pool"] = {"path": str(pool), "val_share": 0.3}
-    else:  # data.source: mer2024 alone; cross_fit.when stays auto
+    else:  # data.source: mer2024 alone; cross_fit.when stays auto; every referenced clip evaluated
         params["data"]["cross_fit"]["folds"] = 3
+        params["profiles"]["ci"]["gates"] |= {"eval_clips": 0, "detail_clips": 0}
     params["models"]["max_new_tokens"] = 6
     params["models"]["edge"] |= {"backend": family, "path": str(tmp_path / "edge")}
     params["models"]["cloud"] |= {"backend": family, "path": str(tmp_path / "cloud")}
@@ -166,7 +167,10 @@ def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_pa
         assert pooled, summary["configs"]
         for c in pooled:
             assert sorted(int(f) for f in c["folds"]) == [0, 1, 2], c
-            assert sum(f["clips"] for f in c["folds"].values()) == n_ref, c
+            assert c["clips"] == sum(f["clips"] for f in c["folds"].values()) == n_ref, c
+            assert sorted(c["clip_stats"]["ids"]) == names, c
+        # one row per gate, budget and language
+        assert len({(c["gate_name"], c["budget"], c["language"]) for c in pooled}) == len(pooled)
         assert "Cross-fitted over 3 folds" in (proj / "reports/gates/gates.md").read_text()
     promotion = json.loads((proj / "reports/promotion.json").read_text())
     assert promotion["champion_after"] is not None, promotion

@@ -18,7 +18,7 @@ def test_each_clip_is_evaluated_by_gates_that_never_saw_it(own_project, tmp_path
     from flows.traces import traces_flow
     params, raw, pfile = own_project("crossfit-test", gates={
         "traces": {"train_clips": 0, "val_clips": 0, "block_len": 2, "critical_margin": 0.1},
-        "budgets": [0.3], "promote_budget": 0.3, "targets": ["gain", "critical"], "kinds": ["logistic"],
+        "budgets": [0.3, 0.5], "promote_budget": 0.3, "targets": ["gain", "critical"], "kinds": ["logistic"],
         "baselines": ["entropy"], "eval_clips": 0, "detail_clips": 0, "dagger": {"rounds": 0},
         "verify_ranks": []})
     # every clip of the tiny corpus becomes a referenced test clip: no train or val split of its own
@@ -68,9 +68,13 @@ def test_each_clip_is_evaluated_by_gates_that_never_saw_it(own_project, tmp_path
             records = [json.loads(x) for x in (tmp_path / f"reports/gate_runs/{run['config_id']}.jsonl")
                        .read_text().splitlines()]
             assert {r["id"] for r in records} == {i for i in lang_ids if fold[row["language"]][i] == int(f)}
-            if " (" not in row["gate_name"]:  # its own fold's threshold, not the shipped gate's
+            if " (" not in row["gate_name"]:  # its own fold's threshold at the row's budget, not the shipped gate's
                 own = json.loads((tmp_path / f"models/gates/folds/{f}/gates.json").read_text())
-                assert run["threshold"] == own["gates"][row["gate_name"]]["thresholds"]["0.3"][row["language"]]
+                thresholds = own["gates"][row["gate_name"]]["thresholds"]
+                assert run["threshold"] == thresholds[str(row["budget"])][row["language"]]
+    # one pooled row per gate, budget and language: two budgets are two rows, never one of twice the clips
+    keys = [(r["gate_name"], r["budget"], r["language"]) for r in gated]
+    assert len(keys) == len(set(keys)) and {r["budget"] for r in gated} == {0.3, 0.5}
     assert "Cross-fitted over 3 folds" in (tmp_path / "reports/gates/gates.md").read_text()
     en = result["languages"]["en"]
     assert set(en["gates"]) >= {"entropy", "oracle", gates["chosen"]["gain"]}
