@@ -126,7 +126,9 @@ def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_pa
         params["data"]["trace_pool"] = {"path": str(pool), "val_share": 0.3}
     else:  # data.source: mer2024 alone; cross_fit.when stays auto; every referenced clip evaluated
         params["data"]["cross_fit"]["folds"] = 3
-        params["profiles"]["ci"]["gates"] |= {"eval_clips": 0, "detail_clips": 0}
+        # one budget: on 12 clips of random-weight models two budgets can give a gate the same threshold,
+        # and gate_configs keeps one budget's tag for the one configuration they share
+        params["profiles"]["ci"]["gates"] |= {"eval_clips": 0, "detail_clips": 0, "budgets": [0.25]}
     params["models"]["max_new_tokens"] = 6
     params["models"]["edge"] |= {"backend": family, "path": str(tmp_path / "edge")}
     params["models"]["cloud"] |= {"backend": family, "path": str(tmp_path / "cloud")}
