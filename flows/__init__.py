@@ -40,4 +40,5 @@ def stage_main(flow_fn, stage: str) -> None:
     except (ConfigError, *INPUT_ERRORS) as exc:
         print(f"error: stage {stage}: {exc}", file=sys.stderr)
         sys.exit(1)
-    print(json.dumps(flow_fn(), indent=1, ensure_ascii=False, default=str))
+    # one line: the full result is in the stage's report files, and a log reads better without it spread out
+    print(json.dumps(flow_fn(), ensure_ascii=False, default=str))

@@ -6,6 +6,9 @@
 # (tracking.prefect_api_url), the command just runs against that one. `with_prefect.sh --ui` only
 # serves the UI over the runs kept in .prefect/ (after `make repro`, for instance).
 set -euo pipefail
+# output captured (a log file, CI): progress bars redraw at most every 30 s, not at every step, since
+# each redraw is a line there (tqdm reads TQDM_MININTERVAL); on a terminal they redraw in place as usual
+if [ ! -t 2 ]; then export TQDM_MININTERVAL="${TQDM_MININTERVAL:-30}"; fi
 if [ "${1:-}" = "--ui" ] && [ -n "${PREFECT_API_URL:-}" ]; then echo "Prefect UI: ${PREFECT_API_URL%/api}"; exit 0; fi
 if [ -n "${PREFECT_API_URL:-}" ]; then exec "$@"; fi
 shared=$(python3 -c 'from speccap.config import load_params; print(load_params().tracking.prefect_api_url)' 2>/dev/null || true)
