@@ -14,7 +14,8 @@ from speccap.kernels import PINS
 
 ROOT = Path(__file__).resolve().parents[1]
 X86 = platform.machine().lower() in ("x86_64", "amd64")
-AVX512 = X86 and "avx512f" in Path("/proc/cpuinfo").read_text()
+CPUINFO = Path("/proc/cpuinfo")
+AVX512 = X86 and CPUINFO.exists() and "avx512f" in CPUINFO.read_text()
 
 # a stage's first steps: the breathiness envelope (np.convolve) and the log-mel (the filterbank product)
 PROBE = """
