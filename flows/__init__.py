@@ -15,6 +15,7 @@ from speccap.kernels import pin_kernels
 
 pin_kernels()
 from speccap.config import ConfigError, load_params  # noqa: E402 - after the pins
+from speccap.params_reads import STAGE_ENV  # noqa: E402 - after the pins
 from speccap.preflight import INPUT_ERRORS, check_stage  # noqa: E402 - after the pins
 
 
@@ -35,6 +36,7 @@ _shared_prefect_server()
 def stage_main(flow_fn, stage: str) -> None:
     """A DVC stage's command: the stage's inputs are checked before the flow starts, and bad or missing
     input ends the stage with one line naming the param (exit 1), not a traceback."""
+    os.environ[STAGE_ENV] = stage  # whose params a recording of reads (speccap.params_reads) holds
     try:
         check_stage(load_params(), stage)
     except (ConfigError, *INPUT_ERRORS) as exc:

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import yaml
 
+from speccap.params_reads import NOT_RESULTS as PARAMS_NOT_RESULTS
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"speccap": Path("src/speccap"), "flows": Path("flows")}
-# Code a stage imports on purpose without its outputs depending on it: one place, with the reason.
-NOT_RESULTS = {
-    "src/speccap/tracking.py": "MLflow logging: where results are recorded, not what they are",
-    "src/speccap/preflight.py": "checks a stage's inputs before it starts and stops it; writes nothing",
-    "src/speccap/numba_cache.py": "where numba keeps its compiled cache, not what it computes",
-}
+# Code a stage imports on purpose without its outputs depending on it, as files (the one list, with
+# the reasons, is speccap.params_reads.NOT_RESULTS: their reads of params do not count either).
+NOT_RESULTS = {f"src/{m.replace('.', '/')}.py": why for m, why in PARAMS_NOT_RESULTS.items()}
 # Stages whose command is not a flow module: their code deps are listed here.
 BY_HAND = {"resolve": ["src/speccap/config.py", "src/speccap/params_schema.py", "src/speccap/stage_params.py"]}
 CODE_PREFIXES = ("src/", "flows/")

@@ -57,11 +57,16 @@ def test_each_stage_sees_only_its_resolved_params(tmp_path):
     assert _resolved(other, tmp_path, "b") == ref
     # selecting it changes exactly the stages its overrides reach
     ci = _resolved(dict(other, profile="ci"), tmp_path, "c")
-    assert sorted(s for s in ref if ci[s] != ref[s]) == ["decode", "train"]
+    # (the test clips' count: the sweep's, and those the gates and the WISV head are evaluated on)
+    assert sorted(s for s in ref if ci[s] != ref[s]) == ["decode", "gate_eval", "train", "wisv_eval"]
     # a draft length: decode and report only
     new_l = _resolved(dict(base, decode={"block_len": 7}), tmp_path, "d")
     assert sorted(s for s in ref if new_l[s] != ref[s]) == ["decode", "report"]
     assert json.loads(new_l["decode"])["decode"]["block_len"] == 7
+    # a sampling temperature: every stage whose captions it changes (wisv_eval's edge and cloud runs too)
+    hot = _resolved(dict(base, decode={"temperature": 0.5}), tmp_path, "e")
+    assert sorted(s for s in ref if hot[s] != ref[s]) == ["decode", "gate_eval", "gates", "promote", "report",
+                                                          "trace_refs", "wisv_eval"]
 
 
 def test_resolved_files_are_rewritten_only_when_they_change(tmp_path):

@@ -25,6 +25,8 @@ from speccap.data.audio_io import write_wav
 from speccap.data.tts import Prosody, Speaker
 from speccap.models.configs import SpecialIds, build_model
 from speccap.models.qwen_vocab import qwen_tokenizer_offline
+from speccap.params_reads import recorded
+from speccap.stage_params import STAGE_PARAMS, uncovered
 
 from .models.conftest import TINY
 
@@ -138,11 +140,14 @@ def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_pa
     env |= {"PYTHONPATH": str(proj / "src"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
     if not n_pool:  # the human references are what the cloud says, as a strong cloud would come close to
         _references_from_the_cloud(proj, env, mer, names)
-    run = subprocess.run(["bash", "scripts/with_prefect.sh", "dvc", "repro"], cwd=proj, env=env,
-                         capture_output=True, text=True, timeout=840)
+    reads = tmp_path / "reads"  # every params key a stage reads on this path (speccap.params_reads)
+    run = subprocess.run(["bash", "scripts/with_prefect.sh", "dvc", "repro"], cwd=proj,
+                         env=env | {"SPECCAP_RECORD_PARAMS": str(reads)}, capture_output=True, text=True, timeout=840)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-6000:]
     assert "Traceback" not in log, log[-6000:]
+    # ... is one its resolved params make it depend on: a change of any would re-run it
+    assert set(STAGE_PARAMS) <= set(recorded(reads)) and uncovered(recorded(reads)) == []
 
     prep = json.loads((proj / "data/processed/prepare_report.json").read_text())
     assert prep["clips"] == n_ref and prep["pool_clips"] == n_pool, prep

@@ -23,7 +23,12 @@ def test_from_params_reads_decode_qs_wisv_and_the_caption_length():
     spec = DecodeSpec.from_params(p)
     assert (spec.gate, spec.threshold, spec.block_len, spec.adaptive, spec.rule, spec.rank) == \
         ("margin", 0.2, 0, (1, 4, 9), "rank", 3)
-    assert (spec.in_flight, spec.qs_level, spec.tau, spec.max_new_tokens, spec.seed) == (2, 8, 0.3, 17, 5)
+    assert (spec.in_flight, spec.max_new_tokens, spec.seed) == (2, 17, 5)
+    # what the decoder never looks at keeps its default (and is not read: a stage's params are what it reads)
+    assert (spec.qs_level, spec.tau) == (DecodeSpec.qs_level, DecodeSpec.tau) != (8, 0.3)
+    assert DecodeSpec.from_params(p, rule="qs").qs_level == 8 and DecodeSpec.from_params(p, rule="wisv").tau == 0.3
+    assert DecodeSpec.from_params(p, block_len=5).adaptive == DecodeSpec.adaptive
+    assert DecodeSpec.from_params(p, token="alone").adaptive == DecodeSpec.adaptive
     # never and always take no threshold; overrides win
     assert DecodeSpec.from_params(p, gate="always", threshold=None).threshold is None
     assert DecodeSpec.from_params(params_from_dict({"decode": {"gate": "never"}})).threshold is None

@@ -62,18 +62,52 @@ class DecodeSpec:
         """The spec params.yaml describes (`decode`, or the `decode` given, `qs`, `wisv`,
         `models.max_new_tokens`, `seed`), with `overrides` on top."""
         d = params.decode if decode is None else decode
-        a = d.adaptive
-        base = dict(gate=d.gate, threshold=None if d.gate in ("never", "always") else d.threshold,
-                    block_len=d.block_len, adaptive=(a.l_min, a.l_base, a.l_max), rule=d.rule, rank=d.rank,
-                    temperature=d.temperature, qs_level=params.qs.level, qs_levels=tuple(params.qs.levels),
-                    qs_l_max=params.qs.l_max, tau=params.wisv.tau, wisv_protocol=params.wisv.protocol,
-                    wisv_max_rank=params.wisv.max_rank, in_flight=d.in_flight, draft_ahead=d.draft_ahead,
-                    edge_time_scale=d.edge_time_scale, cloud_time_scale=d.cloud_time_scale,
-                    max_new_tokens=params.models.max_new_tokens, seed=params.seed)
-        return cls(**(base | overrides))
+        # each value read only when no override replaces it: what a stage reads of params is what
+        # its outputs depend on (speccap.params_reads records it; stage_params checks it)
+        source = dict(gate=lambda: d.gate, threshold=lambda: _threshold(d, overrides),
+                      block_len=lambda: d.block_len, adaptive=lambda: _adaptive(d), rule=lambda: d.rule,
+                      rank=lambda: d.rank, temperature=lambda: d.temperature, qs_level=lambda: params.qs.level,
+                      qs_levels=lambda: tuple(params.qs.levels), qs_l_max=lambda: params.qs.l_max,
+                      tau=lambda: params.wisv.tau, wisv_protocol=lambda: params.wisv.protocol,
+                      wisv_max_rank=lambda: params.wisv.max_rank, in_flight=lambda: d.in_flight,
+                      draft_ahead=lambda: d.draft_ahead, edge_time_scale=lambda: d.edge_time_scale,
+                      cloud_time_scale=lambda: d.cloud_time_scale,
+                      max_new_tokens=lambda: params.models.max_new_tokens, seed=lambda: params.seed)
+        final = {k: overrides[k] if k in overrides else source[k]() for k in ("rule", "block_len", "in_flight")}
+        unused = _unused(final["rule"], final["block_len"], final["in_flight"], overrides.get("qs_adaptive", False),
+                         overrides.get("token") is not None)
+        values = {k: read() for k, read in source.items() if k not in overrides and k not in final and k not in unused}
+        return cls(**(values | final | overrides))
 
     def replace(self, **changes) -> DecodeSpec:
         return dataclasses.replace(self, **changes)
+
+
+def _threshold(d: DecodeParams, overrides: dict) -> float | None:
+    gate = overrides["gate"] if "gate" in overrides else d.gate
+    return None if gate in ("never", "always") else d.threshold
+
+
+def _unused(rule: str, block_len: int, in_flight: int, qs_adaptive: bool, token_level: bool) -> set[str]:
+    """The spec's fields the decoder it describes never looks at (build_decoder's own conditions):
+    they keep their defaults instead of being read from params."""
+    unused = set()
+    if block_len != 0 or token_level:  # a token gate drafts until it flags a token: no draft length
+        unused.add("adaptive")
+    if rule not in ("qs", "sq"):
+        unused.add("qs_level")
+    if not qs_adaptive:
+        unused |= {"qs_levels", "qs_l_max"}
+    if rule != "wisv":
+        unused |= {"tau", "wisv_protocol", "wisv_max_rank"}
+    if not in_flight:  # only the pipelined loop drafts ahead
+        unused.add("draft_ahead")
+    return unused
+
+
+def _adaptive(d: DecodeParams) -> tuple[int, int, int]:
+    a = d.adaptive
+    return a.l_min, a.l_base, a.l_max
 
 
 def build_decoder(spec: DecodeSpec, *, learned: Callable[[DecodeSpec], Gate] | None = None, head=None,

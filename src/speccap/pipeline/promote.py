@@ -45,7 +45,8 @@ def evaluate_gate(edge, cloud, gate, params: Params, clips: dict[str, list[dict]
     rhos = []
     for lang, recs in clips.items():
         # its flagged tokens judged by its own R for the language
-        spec = DecodeSpec.from_params(params, gate_decode(params), gate=gate.name or "candidate", gate_rank=lang)
+        spec = DecodeSpec.from_params(params, gate_decode(params), gate=gate.name or "candidate",
+                                    threshold=None, gate_rank=lang)  # the gate object holds its own
         caps = []
         for rec in recs:
             mel, _ = load_clip_features(params.data.processed_dir, rec["id"])
