@@ -68,7 +68,8 @@ def config_on_worker(cfg: RunConfig, key: str, clips: list[dict], runs_dir: str,
     # in the worker: models stay loaded across tasks; a retry resumes from the records on disk
     loads = ensure_models(params_path, threads)
     records = run_config(cfg, clips, Loaded(), Path(runs_dir) / f"{key}.jsonl")
-    worker = {"host": os.uname().nodename, "pid": os.getpid(), "model_loads": loads}
+    worker = {"host": os.uname().nodename, "pid": os.getpid(), "model_loads": loads,
+              "slurm_job": os.environ.get("SLURM_JOB_ID")}  # None outside a Slurm job
     return {"metrics": summarize(cfg, records, clips), "worker": worker}
 
 

@@ -4,9 +4,15 @@
 #  2. speccap and its pinned dependencies (editable install),
 #  3. WordNet for METEOR, offline: Debian's wordnet files copied where nltk looks, plus the
 #     `lexnames` file nltk wants and Debian does not ship.
+#  4. as root with apt-get: the daemons the cluster-path tests start (tests/flows/daemons.py):
+#     PostgreSQL, and a one-node Slurm cluster (slurm-wlm, munge).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+apt_install() {  # Debian packages, as root: the package lists are refreshed when one is not found
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; }
+}
 
 if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
   echo "setup: installing torch 2.13.0 (CPU)"
@@ -23,8 +29,7 @@ if [ ! -f "$WN/lexnames" ] || [ ! -f "$WN/data.noun" ]; then
   if [ ! -f /usr/share/wordnet/data.noun ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       echo "setup: installing Debian's WordNet files (wordnet-base, wordnet-sense-index)"
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q wordnet-base wordnet-sense-index >/dev/null \
-        || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q wordnet-base wordnet-sense-index >/dev/null; }
+      apt_install wordnet-base wordnet-sense-index
     else
       echo "setup: WordNet is missing. Either install Debian's wordnet-base and wordnet-sense-index," >&2
       echo "       or, with internet, run: $PY -m nltk.downloader -d \"${NLTK_DATA:-$HOME/nltk_data}\" wordnet" >&2
@@ -52,6 +57,14 @@ PYEOF
 fi
 $PY -c 'from nltk.corpus import wordnet as wn; assert wn.synsets("dog"), "WordNet empty"' \
   || { echo "setup: WordNet at $WN does not load" >&2; exit 1; }
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || ! command -v slurmctld >/dev/null \
+     || ! command -v munged >/dev/null; then
+    echo "setup: installing Debian's postgresql, slurm-wlm and munge (the cluster-path tests start them)"
+    apt_install postgresql slurm-wlm munge
+  fi
+fi
 
 # dvc needs the repository to be a git work tree with DVC initialised (committed in .dvc/)
 touch .setup-done

@@ -1,5 +1,7 @@
 import pytest
 
+from .daemons import slurm_cluster
+
 
 @pytest.fixture(autouse=True, scope="session")
 def prefect_server():
@@ -32,3 +34,12 @@ def own_project(tiny_project, tmp_path, monkeypatch):
         monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
         return params, raw, pfile
     return make
+
+
+@pytest.fixture
+def slurm(monkeypatch):
+    """A one-node Slurm cluster of the test's own (daemons.slurm_cluster); its clients find it through
+    $SLURM_CONF, set here for this process and the ones it starts."""
+    with slurm_cluster() as conf:
+        monkeypatch.setenv("SLURM_CONF", str(conf))
+        yield conf

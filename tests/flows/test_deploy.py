@@ -7,12 +7,17 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
+
+from speccap.tracking import Tracker
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_scheduled_deployment_runs_on_a_process_worker(tiny_project, tmp_path, monkeypatch):
+@pytest.mark.parametrize("executor", ["local", "slurm"])
+def test_scheduled_deployment_runs_on_a_process_worker(tiny_project, tmp_path, monkeypatch, request, executor):
+    """`slurm`: the deployment's override sends the sweep to Slurm jobs (a cluster of the test's own)."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL
@@ -28,7 +33,14 @@ def test_scheduled_deployment_runs_on_a_process_worker(tiny_project, tmp_path, m
     (proj / "params.yaml").write_text(yaml.safe_dump(raw))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
-    deploy(["decode"], pool="speccap-test", cron="30 3 * * 1-5", overrides={"sweep.block_lens": [3]}, source=proj)
+    overrides = {"sweep.block_lens": [3]}
+    if executor == "slurm":
+        request.getfixturevalue("slurm")
+        overrides |= {"cluster.executor": "dask", "cluster.dask.kind": "slurm", "cluster.dask.workers": 1,
+                      "cluster.slurm.cores": 1, "cluster.slurm.memory": "3GB", "cluster.slurm.gpus": 0,
+                      "cluster.slurm.log_directory": str(tmp_path / "logs"),
+                      "cluster.slurm.local_directory": str(tmp_path / "scratch")}
+    deploy(["decode"], pool="speccap-test", cron="30 3 * * 1-5", overrides=overrides, source=proj)
 
     async def read():
         async with get_client() as client:
@@ -38,7 +50,7 @@ def test_scheduled_deployment_runs_on_a_process_worker(tiny_project, tmp_path, m
     dep, pool = asyncio.run(read())
     assert pool.type == "process"
     assert [s.schedule.cron for s in dep.schedules] == ["30 3 * * 1-5"]
-    assert dep.parameters == {"params_path": "params.yaml", "overrides": {"sweep.block_lens": [3]}}
+    assert dep.parameters == {"params_path": "params.yaml", "overrides": overrides}
 
     run = run_deployment("speccap-decode/decode", timeout=0)  # due now; the worker picks it up
     env = os.environ | {"PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT / "src")}
@@ -55,3 +67,8 @@ def test_scheduled_deployment_runs_on_a_process_worker(tiny_project, tmp_path, m
     # the override reached the run: the L sweep is at 3 (the file says 2, also decode.block_len)
     assert {c["block_len"] for c in ugsd} == {2, 3} and sum(c["block_len"] == 3 for c in ugsd) == 2
     assert all(c["status"] == "FINISHED" for c in summary["configs"])
+    # every configuration reached MLflow, and ran where the override sent it
+    nested = [r for r in Tracker(raw["tracking"]["uri"], "deployed").runs() if "config_id" in r["tags"]]
+    assert len(nested) == len(summary["configs"]) and all(r["status"] == "FINISHED" for r in nested)
+    jobs = {(c.get("worker") or {}).get("slurm_job") for c in summary["configs"]}
+    assert (jobs == {None}) if executor == "local" else (None not in jobs and len(jobs) >= 1), jobs
