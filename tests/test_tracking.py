@@ -41,6 +41,13 @@ def test_parent_and_nested_runs_failed_runs_and_resume(tmp_path, monkeypatch):
     assert runs["ugsd-en"]["status"] == "FAILED" and "boom" in runs["ugsd-en"]["tags"]["error"]
     assert runs["sweep-1"]["params"]["decode.rank"] == "2"
     assert Path(tmp_path / "m.db").exists()
+    # the UI opens it on its runs (a model-development experiment), also one an older version made untagged
+    kind = "mlflow.experimentKind"
+    assert t.mlflow.get_experiment(t.experiment_id).tags[kind] == "custom_model_development"
+    old = t.mlflow.create_experiment("untagged")
+    assert kind not in t.mlflow.get_experiment(old).tags
+    assert Tracker(t.uri, "untagged").experiment_id == old
+    assert t.mlflow.get_experiment(old).tags[kind] == "custom_model_development"
 
 
 def _gate_file(tmp_path):

@@ -79,6 +79,11 @@ def _flat(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+# MLflow 3's UI opens an experiment by its kind: untagged ones it may take for GenAI work (traces,
+# token usage, an assistant); these are model-development runs, compared as a table and charts
+_EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
+
 class Tracker:
     """Parent run per sweep, one nested run per configuration."""
 
@@ -95,15 +100,17 @@ class Tracker:
         experiment (the loser of the create race reads the winner's)."""
         from mlflow.exceptions import MlflowException
         exp = self.mlflow.get_experiment_by_name(name)
-        if exp:
-            return exp.experiment_id
-        try:
-            return self.mlflow.create_experiment(name)
-        except MlflowException:
-            exp = self.mlflow.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            return exp.experiment_id
+        if exp is None:
+            try:
+                return self.mlflow.create_experiment(name, tags=dict(_EXPERIMENT_TAGS))
+            except MlflowException:
+                exp = self.mlflow.get_experiment_by_name(name)
+                if exp is None:
+                    raise
+        if any(exp.tags.get(k) != v for k, v in _EXPERIMENT_TAGS.items()):  # made by an older version
+            for k, v in _EXPERIMENT_TAGS.items():
+                self.mlflow.MlflowClient(self.uri).set_experiment_tag(exp.experiment_id, k, v)
+        return exp.experiment_id
 
     @contextlib.contextmanager
     def sweep(self, name: str, params: dict, tags: dict | None = None):
