@@ -1,10 +1,14 @@
-"""Rewrite the README's results block from the report files, so no number in it is typed by hand.
+"""Rewrite the numbers of the README and of docs/results.md from the report files, so none is typed by hand.
 
     python scripts/readme_results.py            # after `make repro` (and benchmarks/pipeline.py)
+    python scripts/readme_results.py --check    # exit 1 if the README's summary differs from its reports
 
-Reads reports/metrics.json and reports/decode_summary.json (the report and decode stages),
-models/train_report.json (train) and reports/pipeline.json (benchmarks/pipeline.py), and replaces
-what lies between the `<!-- results:begin -->` and `<!-- results:end -->` markers.
+The README's summary (between `<!-- summary:begin -->` and `<!-- summary:end -->`) comes from
+reports/gates/gates.json, which git tracks, so the check runs on any clone (tests/test_readme.py).
+docs/results.md's block (`<!-- results:begin -->` .. `<!-- results:end -->`) comes from
+reports/metrics.json and reports/decode_summary.json (the report and decode stages),
+models/train_report.json (train) and reports/pipeline.json (benchmarks/pipeline.py): written only
+where a repro left them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from speccap.pipeline.quality_table import METRICS, format_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+SUMMARY = ("<!-- summary:begin -->", "<!-- summary:end -->")
+SUMMARY_BUDGET = 0.1  # the budget rho* the README's table shows (the gates issue's)
 LABELS = {"edge": "edge-only", "ugsd": "UGSD default", "cloud": "cloud-only"}
 KEYS = METRICS
 # the testbed issue's targets: cloud - edge on BLEU-1 and emotion hit, the cloud's emotion hit
@@ -115,15 +121,67 @@ def render() -> str:
     return "".join(out)
 
 
+def _cell(m: dict | None) -> str:
+    return format_ci(m) if m else "–"
+
+
+def render_summary() -> str:
+    """Per language: edge-only, the entropy gate (UGSD's uncertainty score, per token), the main
+    learned gate, the oracle and cloud-only, at the budget SUMMARY_BUDGET, from reports/gates/gates.json."""
+    gates = _load("reports/gates/gates.json")
+    if not gates or not gates.get("languages"):
+        raise SystemExit("reports/gates/gates.json not found: run `make repro` first")
+    main = load_params().gates.targets[0]
+    out = []
+    for lang, r in gates["languages"].items():
+        named = {g: next((e for e in entries if e.get("budget") == SUMMARY_BUDGET), None)
+                 for g, entries in r["gates"].items()}
+        learned = next((g for g in r["gates"] if g.startswith("tok-") and g.endswith(f"-{main}")), None)
+        oracle = next((e for e in r["gates"].get("oracle", [])), None)
+        rows = [("edge-only (the device alone)", r["edge"]), ("entropy gate, per token", named.get("entropy")),
+                (f"learned gate `{learned}`", named.get(learned)), ("oracle (every mismatch sent)", oracle),
+                ("cloud-only (the cloud captions alone)", r["cloud"])]
+        clips = (named.get(learned) or {}).get("clips", "?")
+        lines = [f"**{lang}** ({clips} test clips)", "",
+                 "| | tokens sent (rho) | BLEU-1 | emotion hit % | BLEU-1 gap closed % | emotion gap closed % |",
+                 "|---|---|---|---|---|---|"]
+        for label, e in rows:
+            if e is None:
+                continue
+            rho = f"{e['rho']:.3f}" if "rho" in e else ("0" if label.startswith("edge") else "1")
+            lines.append(f"| {label} | {rho} | {_cell(e.get('bleu1'))} | {_cell(e.get('emotion_hit_rate'))} | "
+                         f"{_cell(e.get('gap_closed_bleu1'))} | {_cell(e.get('gap_closed_emotion_hit_rate'))} |")
+        out.append("\n".join(lines) + "\n")
+    return ("Gates at a budget of rho* = " + f"{SUMMARY_BUDGET:g}" + " (at most that share of tokens sent to the "
+            "cloud), on every test clip, 95% paired-bootstrap intervals (`reports/gates/gates.md`; written by "
+            "`scripts/readme_results.py`):\n\n" + "\n".join(out))
+
+
+def _replace(path: Path, markers: tuple[str, str], body: str) -> str:
+    text = path.read_text()
+    begin, end = markers
+    if begin not in text or end not in text:
+        sys.exit(f"{path}: the markers {begin} / {end} are missing")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return head + begin + "\n" + body + end + tail
+
+
 def main() -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        sys.exit(f"{readme}: the markers {BEGIN} / {END} are missing")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(head + BEGIN + "\n" + render() + END + tail)
-    print(f"{readme}: results block rewritten")
+    readme, results = ROOT / "README.md", ROOT / "docs" / "results.md"
+    want = _replace(readme, SUMMARY, render_summary())
+    if "--check" in sys.argv[1:]:
+        if want != readme.read_text():
+            sys.exit(f"{readme}: its summary differs from reports/gates/gates.json: run scripts/readme_results.py")
+        print(f"{readme}: summary matches its reports")
+        return
+    readme.write_text(want)
+    print(f"{readme}: summary rewritten")
+    if (ROOT / "reports" / "metrics.json").exists():
+        results.write_text(_replace(results, (BEGIN, END), render()))
+        print(f"{results}: results block rewritten")
+    else:
+        print(f"{results}: left as it is (no reports/metrics.json: run `make repro` first)")
 
 
 if __name__ == "__main__":

@@ -57,8 +57,9 @@ def test_each_stage_sees_only_its_resolved_params(tmp_path):
     assert _resolved(other, tmp_path, "b") == ref
     # selecting it changes exactly the stages its overrides reach
     ci = _resolved(dict(other, profile="ci"), tmp_path, "c")
-    # (the test clips' count: the sweep's, and those the gates and the WISV head are evaluated on)
-    assert sorted(s for s in ref if ci[s] != ref[s]) == ["decode", "gate_eval", "train", "wisv_eval"]
+    # (the test clips' count: the sweep's, and those the gates are cross-fitted on or evaluated on)
+    assert sorted(s for s in ref if ci[s] != ref[s]) == ["decode", "gate_eval", "gates", "trace_refs", "train",
+                                                         "wisv_eval"]
     # a draft length: decode and report only
     new_l = _resolved(dict(base, decode={"block_len": 7}), tmp_path, "d")
     assert sorted(s for s in ref if new_l[s] != ref[s]) == ["decode", "report"]

@@ -147,7 +147,9 @@ def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_pa
     assert run.returncode == 0, log[-6000:]
     assert "Traceback" not in log, log[-6000:]
     # ... is one its resolved params make it depend on: a change of any would re-run it
-    assert set(STAGE_PARAMS) <= set(recorded(reads)) and uncovered(recorded(reads)) == []
+    assert set(STAGE_PARAMS) <= set(recorded(reads)), sorted(recorded(reads))
+    missing = uncovered(recorded(reads))
+    assert missing == [], "\n".join(missing)
 
     prep = json.loads((proj / "data/processed/prepare_report.json").read_text())
     assert prep["clips"] == n_ref and prep["pool_clips"] == n_pool, prep

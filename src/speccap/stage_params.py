@@ -16,15 +16,14 @@ from .config import ConfigError, Params
 
 _GATE_DECODE = ("decode.temperature", "decode.rule", "decode.rank", "decode.in_flight", "decode.draft_ahead",
                 "decode.edge_time_scale", "decode.cloud_time_scale")
-# whether the gates learn from folds of the test clips (pipeline.folds.active), and how many
-_CROSS_FIT = ("data.source", "data.trace_pool.path", "data.cross_fit")
+# whether the gates learn from folds of the test clips (pipeline.folds.active), how many, and the test
+# clips (sweep.clips) the folds are dealt from, which the gates and the WISV head are evaluated on too
+_CROSS_FIT = ("data.source", "data.trace_pool.path", "data.cross_fit", "sweep.clips")
 # what the models a stage decodes with are loaded from and as (a trained model's other settings
 # re-run `train`, whose models/ every decoding stage depends on), and the caption length
 _MODELS = (*(f"models.{role}.{k}" for role in ("edge", "cloud") for k in ("backend", "path", "dtype", "family", "size")),
            "models.max_new_tokens")
 _WISV_RULE = ("wisv.tau", "wisv.protocol", "wisv.max_rank")  # what a wisv-rule configuration decodes with
-# the test clips the gates and the WISV head are evaluated on (sweep.eval_clips)
-_EVAL_CLIPS = ("sweep.clips",)
 STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "prepare": ("seed", "data"),
     "featurize": ("features", "data.max_clip_seconds", "data.languages"),
@@ -43,7 +42,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     # gates are evaluated at the block length their thresholds were calibrated on (gates.traces.block_len),
     # so a change of decode.block_len leaves them alone
     "gate_eval": ("seed", "gates", *_GATE_DECODE, *_CROSS_FIT, "link", "sweep.workers", "sweep.threads", *_MODELS,
-                  *_EVAL_CLIPS, "wisv.channels", "data.languages", "tracking.experiment"),
+                  "wisv.channels", "data.languages", "tracking.experiment"),
     "promote": ("seed", "gates", *_GATE_DECODE, "link", "sweep.workers", "sweep.threads", *_MODELS,
                 "data.languages", "tracking.experiment"),
     "wisv_head": ("seed", "wisv.traces", "wisv.kappa", "wisv.policy_temperature", "wisv.budget_min",
@@ -54,7 +53,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     # its edge-only, cloud-only and greedy runs read decode's temperature and clocks, and the link
     "wisv_eval": ("seed", "wisv", "decode.rank", "decode.temperature", "decode.edge_time_scale",
                   "decode.cloud_time_scale", "link", *_CROSS_FIT, "sweep.workers", "sweep.threads", *_MODELS,
-                  *_EVAL_CLIPS, "data.languages", "tracking.experiment"),
+                  "data.languages", "tracking.experiment"),
 }
 
 
@@ -70,6 +69,7 @@ READ_NOT_RESULTS: dict[tuple[str, str], str] = {
     ("*", "cluster"): "where configurations run (local processes or Dask): the same records either way "
                       "(tests/flows/test_cluster.py)",
     ("gates", "link"): "the DAgger and verify-rank captions' clocks, not what they say",
+    ("trace_refs", "link"): "the clocks of the cloud-only captions it keeps, not what they say",
 }
 
 
