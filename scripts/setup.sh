@@ -5,7 +5,8 @@
 #  3. WordNet for METEOR, offline: Debian's wordnet files copied where nltk looks, plus the
 #     `lexnames` file nltk wants and Debian does not ship.
 #  4. as root with apt-get: the daemons the cluster-path tests start (tests/flows/daemons.py):
-#     PostgreSQL, and a one-node Slurm cluster (slurm-wlm, munge).
+#     PostgreSQL, and a one-node Slurm cluster (slurm-wlm, munge); and the headless browser that
+#     checks the MLflow and Prefect views (chromium, chromium-driver).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -60,9 +61,9 @@ $PY -c 'from nltk.corpus import wordnet as wn; assert wn.synsets("dog"), "WordNe
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || ! command -v slurmctld >/dev/null \
-     || ! command -v munged >/dev/null; then
-    echo "setup: installing Debian's postgresql, slurm-wlm and munge (the cluster-path tests start them)"
-    apt_install postgresql slurm-wlm munge
+     || ! command -v munged >/dev/null || ! command -v chromedriver >/dev/null; then
+    echo "setup: installing Debian's postgresql, slurm-wlm, munge, chromium and chromium-driver (for the tests)"
+    apt_install postgresql slurm-wlm munge chromium chromium-driver
   fi
 fi
 

@@ -40,6 +40,19 @@ def resolve_uri(uri: str | None, root: Path | None = None) -> str:
     return uri
 
 
+def runs_page(ui: str, experiment_id: str) -> str:
+    """The MLflow UI's page of an experiment's runs. The UI chooses between its GenAI views (traces,
+    token usage) and its model-training views by a switch it keeps in the browser, GenAI unless told;
+    `workflowType` in the link tells it."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+def compare_page(ui: str, experiment_id: str, run_ids: list[str]) -> str:
+    """The MLflow UI's side-by-side view of `run_ids` (params, every metric, plots)."""
+    runs = ",".join(f'"{r}"' for r in run_ids)
+    return f'{ui.rstrip("/")}/#/compare-runs?runs=[{runs}]&experiments=["{experiment_id}"]&workflowType=machine_learning'
+
+
 def _mlflow(uri: str):
     import logging
 

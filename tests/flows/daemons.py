@@ -141,12 +141,14 @@ def mlflow_server(backend_uri: str, artifacts: Path):
 @contextlib.contextmanager
 def prefect_server(database_url: str, home: Path):
     """`prefect server start` on a free loopback port with its database at `database_url` (a
-    postgresql+asyncpg:// URL); yields its API URL."""
+    postgresql+asyncpg:// or sqlite+aiosqlite:// URL); yields its API URL."""
     port = free_port()
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    # its UI asks for the API where this says (else at 127.0.0.1:4200, where nothing is)
     env |= {"PREFECT_HOME": str(home), "PREFECT_API_DATABASE_CONNECTION_URL": database_url,
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+            "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
     log = home / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
