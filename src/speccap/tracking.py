@@ -92,8 +92,9 @@ def _flat(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-# MLflow 3's UI opens an experiment by its kind: untagged ones it may take for GenAI work (traces,
-# token usage, an assistant); these are model-development runs, compared as a table and charts
+# What these experiments hold: model-development runs, compared as a table and charts, not GenAI
+# traces. MLflow 3 UIs that read the kind from this tag open them on their runs; 3.17's follows a
+# switch kept in the browser instead, which the links of runs_page() set
 _EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
