@@ -177,9 +177,12 @@ def run(size: str, device: torch.device, dtype: torch.dtype, batches: list[int],
         for mode, block in (("draft", 1), ("verify", 5)):
             _single(single, _prompts(1, prompt, 9), 3, block, device)  # warm-up
             n_single = 4
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
             secs = _single(single, _prompts(n_single, prompt, 2), calls, block, device)
             base = {"mode": mode, "batch": 1, "engine": "single", "ms_per_forward": secs * 1000 / (calls * n_single),
-                    "tokens_per_s": n_single * calls * block / secs}
+                    "tokens_per_s": n_single * calls * block / secs, "peak_gib": _memory(device)}
             rows.append(base)
             for b in batches:
                 if device.type == "cuda":
