@@ -25,6 +25,16 @@ def test_its_numbers_are_the_reports():
     assert not re.search(r"\d+\.\d+ \[", outside), "an interval outside the generated block"
 
 
+def test_no_interval_in_the_docs_is_typed_by_hand():
+    """An interval (a measured number) in docs/ sits in a block the generator writes, never in prose."""
+    begin, end = readme_results.BEGIN, readme_results.END
+    for page in (ROOT / "docs").glob("*.md"):
+        text = page.read_text()
+        if begin in text:
+            text = text.split(begin, 1)[0] + text.split(end, 1)[1]
+        assert not re.findall(r"\d+\.\d+ \[[-+]?\d", text), page.name
+
+
 def test_the_check_fails_when_a_number_is_typed_by_hand(tmp_path, monkeypatch):
     begin, end = readme_results.SUMMARY
     block = README.split(begin, 1)[1].split(end, 1)[0]

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from speccap.config import params_from_dict
-from speccap.pipeline.gate_report import ORACLE, decode_references, gate_configs
+from speccap.pipeline.gate_report import ORACLE, _on_axis, decode_references, gate_configs
 
 
 def _gates_json():
@@ -154,3 +154,13 @@ def test_the_oracles_at_a_budget_are_configured_and_a_gate_is_held_against_the_l
     assert oracle_at(per_gate, 0.02) is None
     with pytest.raises(Exception, match="oracle_corrections"):
         params_from_dict({"gates": {"oracle_corrections": [0]}})
+
+
+def test_the_pareto_axis_shows_the_budgets_and_names_a_row_far_beyond_them():
+    def e(rho, budget):
+        return {"rho": rho, "budget": budget}
+    series = {"entropy": [e(0.05, 0.05), e(0.1, 0.1)], "tok-gain (pending)": [e(0.86, 0.1)],
+              ORACLE: [e(0.04, None), e(0.28, None)]}  # the oracle's curve is drawn whole
+    kept, far, x_max = _on_axis(series)
+    assert far == [("tok-gain (pending)", e(0.86, 0.1))] and kept["tok-gain (pending)"] == []
+    assert len(kept[ORACLE]) == 2 and x_max == pytest.approx(1.1 * 0.28)

@@ -345,6 +345,20 @@ def _parts(rec: dict) -> str:
             f"{p['cloud']:.3f} + link {p['link']:.3f}")
 
 
+def _on_axis(series: dict[str, list[dict]]) -> tuple[dict, list[tuple[str, dict]], float]:
+    """The entries the rho axis shows, those it does not (a gate's row far beyond every budget, such
+    as the pending variant that sends its whole block: drawn, it would squeeze the curves into the
+    left of the panel), and the axis's right end."""
+    budgets = [e["budget"] for es in series.values() for e in es if e.get("budget")]
+    limit = 2 * max(budgets) if budgets else 1.0
+    kept, far = {}, []
+    for name, entries in series.items():
+        kept[name] = [e for e in entries if name == ORACLE or e["rho"] <= limit]
+        far += [(name, e) for e in entries if name != ORACLE and e["rho"] > limit]
+    shown = [e["rho"] for es in kept.values() for e in es]
+    return kept, far, 1.1 * max(shown) if shown else 1.0
+
+
 def _pareto_plot(result: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -355,14 +369,15 @@ def _pareto_plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(len(KEYS), len(langs), figsize=(5.5 * len(langs), 4 * len(KEYS)), squeeze=False)
     for col, lang in enumerate(langs):
         r = result["languages"][lang]
+        series = {n: e for n, e in r["gates"].items() if not is_oracle(n)}
+        series[ORACLE] = sorted((e for n, es in r["gates"].items() if is_oracle(n) for e in es),
+                                key=lambda e: e["rho"])  # the oracles at a budget and the unlimited one
+        series, far, x_max = _on_axis(series)
         for row, (k, label) in enumerate(KEYS):
             ax = axes[row][col]
             if k not in r["edge"]:
                 ax.set_visible(False)
                 continue
-            series = {n: e for n, e in r["gates"].items() if not is_oracle(n)}
-            series[ORACLE] = sorted((e for n, es in r["gates"].items() if is_oracle(n) for e in es),
-                                    key=lambda e: e["rho"])  # the oracles at a budget and the unlimited one
             for name, entries in sorted(series.items()):
                 if not entries:
                     continue
@@ -371,6 +386,11 @@ def _pareto_plot(result: dict, path: Path) -> None:
                 err = error_bars([(e[k]["value"], e[k]["ci_low"], e[k]["ci_high"]) for e in entries])
                 style = dict(marker="*", ms=9, ls="--", capsize=2) if name == ORACLE else dict(marker="o", capsize=3)
                 ax.errorbar(xs, ys, yerr=err, label=name, **style)
+            ax.set_xlim(0, x_max)
+            if far:  # named beside the axis instead of stretching it
+                ax.text(0.99, 0.02, "beyond the axis:\n" + "\n".join(
+                    f"{name}: rho {e['rho']:.2f}, {label} {e[k]['value']:.1f} [{e[k]['ci_low']:.1f}, {e[k]['ci_high']:.1f}]"
+                    for name, e in far), transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="0.3")
             ax.axhline(r["cloud"][k]["value"], color="k", ls=":", lw=1, label="cloud-only")
             ax.axhline(r["edge"][k]["value"], color="grey", ls=":", lw=1, label="edge-only")
             ax.set_xlabel("rho (share of drafted tokens sent)")
