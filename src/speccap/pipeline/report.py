@@ -244,16 +244,21 @@ def _plots(ok: list[dict], langs: list[str], lsweep: list[dict], out: Path) -> N
         fig.savefig(out / f"{name}.png", dpi=110)
         plt.close(fig)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for lang in langs:
-        pts = [c for c in lsweep if c["language"] == lang and c["block_len"]]
+    swept = sorted({c["block_len"] for c in lsweep if c["block_len"]})
+    for lang, color in zip(langs, plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        pts = sorted((c for c in lsweep if c["language"] == lang and c["block_len"]), key=lambda c: c["block_len"])
         xs = [c["block_len"] for c in pts]
         ys = [c["metrics"]["bleu1"] for c in pts]
         err = error_bars([(y, c["metrics"].get("bleu1_ci_low", y), c["metrics"].get("bleu1_ci_high", y))
                           for y, c in zip(ys, pts)])
-        axes[0].errorbar(xs, ys, yerr=err, marker="o", capsize=2, label=lang)
-        axes[1].plot(xs, [c["metrics"]["total_time"] for c in pts], marker="o", label=lang)
-    for ax, ylabel in zip(axes, ("BLEU-1", "total time per caption (s)")):
-        ax.set_xscale("log")
+        axes[0].errorbar(xs, ys, yerr=err, marker="o", capsize=2, label=f"{lang}, fixed L", color=color)
+        axes[1].plot(xs, [c["metrics"]["total_time"] for c in pts], marker="o", label=f"{lang}, fixed L", color=color)
+        # the UGSD-adaptive rule has no single L: a level across the panel
+        for c in (c for c in lsweep if c["language"] == lang and not c["block_len"]):
+            axes[0].axhline(c["metrics"]["bleu1"], color=color, ls="--", lw=1, label=f"{lang}, adaptive L")
+            axes[1].axhline(c["metrics"]["total_time"], color=color, ls="--", lw=1, label=f"{lang}, adaptive L")
+    for ax, ylabel in zip(axes, ("BLEU-1 (95% CI)", "total time per caption (s, this machine)")):
+        ax.set_xticks(swept)
         ax.set_xlabel("draft length L")
         ax.set_ylabel(ylabel)
         ax.legend()
