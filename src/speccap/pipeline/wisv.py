@@ -359,8 +359,10 @@ def _plot(params: Params, rows: list[dict], path: Path) -> None:
         ax.set_xticks(np.arange(len(chans)))
         ax.set_xticklabels(chans, rotation=20, fontsize=8)
         ax.set_ylabel(label)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"WISV vs greedy and rank-R, L = {length}, mean over languages")
-    fig.tight_layout()
+    # one legend for the three panels, beside the title: inside a panel it covered the last channel's bars
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", ncol=len(names), fontsize=8, frameon=False)
+    fig.suptitle(f"WISV vs greedy and rank-R, L = {length}, mean over languages", x=0.35)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
