@@ -168,8 +168,10 @@ def slurm_cluster(cpus: int | None = None, memory_mb: int | None = None):
     memory, on free ports, everything in a temporary folder. Yields the folder's slurm.conf path
     (clients find it through $SLURM_CONF, which the caller sets); `sacct --completion` reads the
     finished jobs from its job-completion file."""
-    for prog in ("munged", "slurmctld", "slurmd"):
-        if shutil.which(prog) is None and not Path("/usr/sbin", prog).exists():
+    # daemons live in /usr/sbin, which a non-login PATH may lack
+    bins = {prog: shutil.which(prog) or str(Path("/usr/sbin", prog)) for prog in ("munged", "slurmctld", "slurmd")}
+    for prog, path in bins.items():
+        if not Path(path).exists():
             missing(f"{prog} (Slurm)", "slurm-wlm and munge")
     if os.geteuid() != 0:
         pytest.skip("a Slurm cluster of our own needs root (slurmd runs jobs as their users)")
@@ -199,14 +201,14 @@ def slurm_cluster(cpus: int | None = None, memory_mb: int | None = None):
     env = os.environ | {"SLURM_CONF": str(conf)}
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(subprocess.Popen(["munged", "-F", "--force", f"--key-file={key}", f"--socket={sock}",
+        procs.append(subprocess.Popen([bins["munged"], "-F", "--force", f"--key-file={key}", f"--socket={sock}",
                                        f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'logs' / 'munged.log'}",
                                        f"--seed-file={d / 'munge.seed'}"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         _wait_for(lambda: sock.exists(), procs[-1], "munged", d / "logs" / "munged.log")
-        procs.append(subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(conf)], env=env,
+        procs.append(subprocess.Popen([bins["slurmctld"], "-D", "-i", "-f", str(conf)], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        procs.append(subprocess.Popen(["slurmd", "-D", "-f", str(conf), "-N", "speccap-node"], env=env,
+        procs.append(subprocess.Popen([bins["slurmd"], "-D", "-f", str(conf), "-N", "speccap-node"], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
         def node_idle() -> bool:
