@@ -10,19 +10,17 @@ those tokens' share, corrected / drafted. The oracle at a budget (`gates.oracle_
 row per k) replaces only the first k of them in each caption and takes no bonus tokens
 (decoding.verify.Rank.max_corrections); a gate at budget rho* is held against the one of those
 that sent the most without exceeding rho* (`oracle_at`). Gap closed = (method - edge) / (cloud - edge), for
-BLEU-1 and for the emotion hit, each with its interval; a share of a gap whose own interval
-reaches 0 is marked as noise.
+BLEU-1 and for the emotion hit, each with its interval; a share of a gap whose interval reaches 0 is noise.
 
 Latency on the papers' hardware (edge 2.10 and cloud 24.16 tokens/s, seed 000 Table 2: a 3B edge
 on 2 CPU cores, a 7B cloud on a GPU; the link of params.link): counted in model steps, not scaled
 from this machine's measured compute. The blocking loop's time is its edge forwards (the tokens
 it fed: drafts and the cloud tokens; a token gate's flagged draft that the cloud replaced is never
-fed, decoding.halves) / 2.10 + its cloud forwards (one per verification: a few
-tokens in one forward cost a GPU about one decoding step) / 24.16 + the link model's time;
-edge-only and cloud-only are their tokens at their rates (+ the link for cloud-only). Prefill is
-left out on every side. Scaling the measured compute instead (the engine's time scales) multiplies
-this machine's timing noise by ~300 for the edge: configurations that differ by 30% in measured
-edge compute only because of what else ran beside them would differ by seconds.
+fed, decoding.halves) / 2.10 + its cloud forwards (one per verification: a few tokens in one
+forward cost a GPU about one decoding step) / 24.16 + the link model's time; edge-only and
+cloud-only are their tokens at their rates (+ the link for cloud-only). Prefill is left out.
+Scaling the measured compute instead would multiply this machine's timing noise by ~300 for the
+edge: configurations that differ in measured compute only by what ran beside them would differ by seconds.
 """
 
 from __future__ import annotations
