@@ -57,7 +57,7 @@ def _sync(device: torch.device) -> None:
 def _prompts(rows: int, length: int, seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(max(8, length - 32), length + 33, (rows,), generator=g)
-    return [torch.randint(0, 150000, (int(n),), generator=g) for n in lens]
+    return [torch.randint(0, 900, (int(n),), generator=g) for n in lens]  # within every vocabulary here
 
 
 def _prefill(step: FastStep, ids: torch.Tensor, device) -> DynamicCache:
@@ -161,12 +161,15 @@ def _memory(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB, the process's peak
 
 
-def run(size: str, device: torch.device, dtype: torch.dtype, batches: list[int], prompt: int, calls: int) -> dict:
+def run(size: str, device: torch.device, dtype: torch.dtype, batches: list[int], prompt: int, calls: int,
+        vocab: int = VOCAB) -> dict:
     torch.set_default_device(device)
-    model = build_model("qwen2_5_omni", VOCAB, SIZES[size], QWEN_IDS, seed=0).eval()
+    special = QWEN_IDS if vocab == VOCAB else SpecialIds.at_end(vocab)
+    model = build_model("qwen2_5_omni", vocab, SIZES[size], special, seed=0).eval()
     torch.set_default_device("cpu")
     out = {"size": size, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "dtype": str(dtype).removeprefix("torch."), "prompt": prompt, "calls": calls,
+           "dtype": str(dtype).removeprefix("torch."), "prompt": prompt, "calls": calls, "vocab": vocab,
+           "threads": torch.get_num_threads(),
            "params_text_b": sum(p.numel() for p in model.model.language_model.parameters()) / 1e9}
     with torch.inference_mode():
         out["agreement_float32"] = _agreement(model, _prompts(8, prompt, 1), device)
@@ -211,7 +214,8 @@ def run(size: str, device: torch.device, dtype: torch.dtype, batches: list[int],
 def render(r: dict) -> str:
     lines = [f"# Batched decoding step: {r['size']} thinker text decoder on {r['device']} ({r['dtype']})", "",
              "Written by `benchmarks/batched_step.py`. Random weights at the real text-decoder shapes "
-             f"({r['params_text_b']:.2f} B parameters); prompts of about {r['prompt']} tokens; {r['calls']} forwards "
+             f"({r['params_text_b']:.2f} B parameters, a vocabulary of {r.get('vocab', VOCAB)}, "
+             f"{r.get('threads', '?')} torch threads); prompts of about {r['prompt']} tokens; {r['calls']} forwards "
              "per measurement. draft = one token per row per forward; verify = five, four rolled back. single = "
              "today's engine (one sequence per forward, `FastStep`); batched B = B rows in one forward (`BatchedStep`).",
              "", "| mode | engine | B | ms / forward | tokens / s | x single | x B=1, same engine | peak memory (GiB) |",
@@ -240,10 +244,14 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--prompt", type=int, default=256, help="tokens per prompt (10 s of audio: about 250)")
     ap.add_argument("--calls", type=int, default=32)
+    ap.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary size (Qwen's; the embedded models: 1000)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
     ap.add_argument("--out", default=None, help="reports/batched_step_<device type> when not given")
     args = ap.parse_args()
     device = torch.device(args.device)
-    r = run(args.size, device, getattr(torch, args.dtype), args.batches, args.prompt, args.calls)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    r = run(args.size, device, getattr(torch, args.dtype), args.batches, args.prompt, args.calls, args.vocab)
     out = Path(args.out or ROOT / "reports" / f"batched_step_{device.type}")
     out.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
     out.with_suffix(".md").write_text(render(r))
