@@ -385,13 +385,12 @@ def _pareto_plot(result: dict, path: Path) -> None:
                 style = dict(marker="*", ms=9, ls="--", capsize=2) if name == ORACLE else dict(marker="o", capsize=3)
                 ax.errorbar(xs, ys, yerr=err, label=name, **style)
             ax.set_xlim(0, x_max)
-            if far:  # named beside the axis instead of stretching it
-                ax.text(0.99, 0.02, "beyond the axis:\n" + "\n".join(
-                    f"{name}: rho {e['rho']:.2f}, {label} {e[k]['value']:.1f} [{e[k]['ci_low']:.1f}, {e[k]['ci_high']:.1f}]"
-                    for name, e in far), transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="0.3")
+            # what lies beyond the axis is named under it instead of stretching it
+            beyond = "".join(f"\nbeyond the axis: {name}\nat rho {e['rho']:.2f}, {label} {e[k]['value']:.1f} "
+                             f"[{e[k]['ci_low']:.1f}, {e[k]['ci_high']:.1f}]" for name, e in far)
             ax.axhline(r["cloud"][k]["value"], color="k", ls=":", lw=1, label="cloud-only")
             ax.axhline(r["edge"][k]["value"], color="grey", ls=":", lw=1, label="edge-only")
-            ax.set_xlabel("rho (share of drafted tokens sent)")
+            ax.set_xlabel("rho (share of drafted tokens sent)" + beyond)
             ax.set_ylabel(label)
             ax.set_title(f"{label} at equal budgets ({lang}), 95% CI")
             ax.legend(fontsize=7)
