@@ -146,7 +146,8 @@ def render(r: dict) -> str:
               "voice): " + (f"met by {', '.join(met)}." if met else
                             f"met by none. The lowest STOI, {fmt(**best['stoi'])} ({best['name']}), still leaves the "
                             f"voice identified in {best['voice_id']['accuracy']['value']:.1f}% of clips against "
-                            f"{best['voice_id']['majority']:.1f}%. Read from the table (not a measured cause): a coarser log-mel hides the words sooner than the "
+                            f"{best['voice_id']['majority']:.1f}%. Read from the table (not a measured cause): a coarser "
+                            "log-mel hides the words sooner than the "
                             "voice, whose spectral balance survives in a few bands averaged over a clip.")]
     return "\n".join(lines) + "\n"
 

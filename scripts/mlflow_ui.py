@@ -4,7 +4,8 @@ page in the UI's model-training views (it would otherwise open on its GenAI over
     python scripts/mlflow_ui.py [--port 5000]     # after `make repro`; Ctrl-C stops it
 
 Starts `mlflow server` on the store of params (`tracking.uri`, or $MLFLOW_TRACKING_URI when that is a
-database), prints the link to the runs of `tracking.experiment`, and serves until stopped.
+database), prints the link to the runs of each experiment (`tracking.experiment` for the decode sweep,
+its "-gates" and "-wisv" twins: speccap.tracking.STAGE_EXPERIMENTS), and serves until stopped.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 import urllib.request
 
 from speccap.config import load_params
-from speccap.tracking import Tracker, resolve_uri, runs_page
+from speccap.tracking import STAGE_EXPERIMENTS, Tracker, experiment_for, resolve_uri, runs_page
 
 
 def main() -> None:
@@ -29,7 +30,9 @@ def main() -> None:
     store = resolve_uri(params.tracking.uri)
     if store.startswith("http"):
         sys.exit(f"the runs are on a tracking server already: {store} (open it in a browser)")
-    experiment = Tracker(store, params.tracking.experiment).experiment_id
+    base = params.tracking.experiment
+    names = dict.fromkeys(experiment_for(base, stage) for stage in ("decode", *STAGE_EXPERIMENTS))
+    experiments = {name: Tracker(store, name).experiment_id for name in names}
     env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     env.pop("MLFLOW_TRACKING_URI", None)
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
@@ -44,7 +47,8 @@ def main() -> None:
                 if server.poll() is not None:
                     sys.exit(f"mlflow server exited ({server.returncode})")
                 time.sleep(0.5)
-        print(f"MLflow, the runs of experiment {params.tracking.experiment!r}: {runs_page(ui, experiment)}", flush=True)
+        for name, experiment in experiments.items():
+            print(f"MLflow, the runs of experiment {name!r}: {runs_page(ui, experiment)}", flush=True)
         server.wait()
     except KeyboardInterrupt:
         pass

@@ -40,6 +40,19 @@ def resolve_uri(uri: str | None, root: Path | None = None) -> str:
     return uri
 
 
+# One MLflow experiment per kind of comparison, so each runs page holds runs that compare with each
+# other: the decode sweep (and the traces) in `tracking.experiment`, the gates' training, evaluation
+# and promotion in "<experiment>-gates", the WISV head and its evaluation in "<experiment>-wisv".
+STAGE_EXPERIMENTS = {"gates": "gates", "gate_eval": "gates", "promote": "gates", "wisv_head": "wisv",
+                     "wisv_eval": "wisv"}
+
+
+def experiment_for(base: str, stage: str) -> str:
+    """The experiment a stage logs its runs to (`base`: tracking.experiment)."""
+    kind = STAGE_EXPERIMENTS.get(stage)
+    return f"{base}-{kind}" if kind else base
+
+
 def runs_page(ui: str, experiment_id: str) -> str:
     """The MLflow UI's page of an experiment's runs. The UI chooses between its GenAI views (traces,
     token usage) and its model-training views by a switch it keeps in the browser, GenAI unless told;

@@ -41,7 +41,7 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
     gates = gates_flow(str(pfile))
     names = [f"tok-{k}-{t}" for k in ("logistic", "lightgbm", "mlp") for t in ("gain", "critical", "mismatch")]
     assert set(names) <= set(gates["gates"]) and {"entropy", "entropy-block"} <= set(gates["gates"])
-    tracker = Tracker(raw["tracking"]["uri"], "gates-test")
+    tracker = Tracker(raw["tracking"]["uri"], "gates-test-gates")  # the gates' own experiment
     assert len(tracker.model_versions("speccap-gate")) == 9
     assert list(gates["chosen"]) == ["gain", "critical", "mismatch"]
     # one DAgger round: the main target's chosen gate decoded train and validation clips, their committed

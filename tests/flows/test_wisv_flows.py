@@ -34,7 +34,7 @@ def test_wisv_chain_end_to_end(own_project, tmp_path):
     assert report["train_mismatches"] == len(judged) > 0 and report["train_rows"] == 3 * len(judged)
     assert (train["cloud_rank"][train["mismatch"]] > 1).all()  # rank 1: every greedy mismatch is one
     assert (tmp_path / "models/wisv/head.pt").exists() and (tmp_path / "models/wisv/head_vs_channel.png").exists()
-    tracker = Tracker(raw["tracking"]["uri"], "wisv-test")
+    tracker = Tracker(raw["tracking"]["uri"], "wisv-test-wisv")  # WISV's own experiment
     versions = tracker.model_versions("speccap-wisv-head")
     assert [v["version"] for v in versions] == [report["version"]]
     # the registered pyfunc answers for hidden-state rows
