@@ -40,17 +40,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, proc: subprocess.Popen, what: str, log: Path, timeout: float = 120.0) -> None:
+def wait_until(ready, procs: list[subprocess.Popen], what: str, log: Path | None, timeout: float = 60.0) -> None:
+    """Poll `ready()` until it holds; a process of `procs` that exits, or the timeout, fails naming
+    `what` with the end of its log."""
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-                raise RuntimeError(f"{what} did not start (exit {proc.poll()}); {log}:\n{tail}") from None
-            time.sleep(0.5)
+    while not ready():
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
+            raise RuntimeError(f"{what} did not start (exit {[p.poll() for p in procs]}); {log}:\n{tail}")
+        time.sleep(0.3)
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2)
+        return True
+    except OSError:
+        return False
+
+
+def wait_http(url: str, proc: subprocess.Popen, what: str, log: Path, timeout: float = 120.0) -> None:
+    wait_until(lambda: _answers(url), [proc], what, log, timeout)
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
@@ -98,16 +108,14 @@ def postgres(databases: tuple[str, ...] = ("mlflow", "prefect")):
         server = subprocess.Popen([*user, str(bindir / "postgres"), "-D", str(data / "db"), "-p", str(port),
                                    "-k", str(data), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while True:
+        def accepts() -> bool:
             try:
-                conn = psycopg.connect(host="127.0.0.1", port=port, user="speccap", dbname="postgres",
-                                       autocommit=True)
-                break
+                psycopg.connect(host="127.0.0.1", port=port, user="speccap", dbname="postgres").close()
+                return True
             except psycopg.OperationalError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"PostgreSQL did not start (exit {server.poll()})") from None
-                time.sleep(0.3)
+                return False
+        wait_until(accepts, [server], "PostgreSQL", None)
+        conn = psycopg.connect(host="127.0.0.1", port=port, user="speccap", dbname="postgres", autocommit=True)
         with conn:
             for name in databases:
                 conn.execute(f"CREATE DATABASE {name}")
@@ -205,7 +213,7 @@ def slurm_cluster(cpus: int | None = None, memory_mb: int | None = None):
                                        f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'logs' / 'munged.log'}",
                                        f"--seed-file={d / 'munge.seed'}"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        _wait_for(lambda: sock.exists(), procs[-1], "munged", d / "logs" / "munged.log")
+        wait_until(sock.exists, procs, "munged", d / "logs" / "munged.log")
         procs.append(subprocess.Popen([bins["slurmctld"], "-D", "-i", "-f", str(conf)], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         procs.append(subprocess.Popen([bins["slurmd"], "-D", "-f", str(conf), "-N", "speccap-node"], env=env,
@@ -214,19 +222,10 @@ def slurm_cluster(cpus: int | None = None, memory_mb: int | None = None):
         def node_idle() -> bool:
             out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, timeout=10)
             return out.stdout.strip() == "idle"
-        _wait_for(node_idle, procs[-1], "slurmd", d / "logs" / "slurmd.log", also=procs[-2])
+        wait_until(node_idle, procs, "slurmd", d / "logs" / "slurmd.log")
         yield conf
     finally:
         for p in reversed(procs):
             stop(p)
         shutil.rmtree(d, ignore_errors=True)
 
-
-def _wait_for(ready, proc: subprocess.Popen, what: str, log: Path, timeout: float = 60.0, also=None) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        dead = [p for p in (proc, also) if p is not None and p.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-            raise RuntimeError(f"{what} did not start; {log}:\n{tail}")
-        time.sleep(0.3)
