@@ -99,7 +99,7 @@ class Recorder:
         for f in dataclasses.fields(old):
             if f.name not in changes:
                 found = self.prefix(old, f.name)
-                keys[f.name] = f"{found[0]}" if len(found) == 1 else None
+                keys[f.name] = found[0] if len(found) == 1 else None
         self.known[id(new)] = (new, keys)
 
     def write(self, key: str) -> None:
