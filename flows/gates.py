@@ -31,7 +31,7 @@ from speccap.pipeline.gates import learned_names, train_gates
 from speccap.pipeline.saved import gate_dir
 from speccap.pipeline.traces import TRACE_DIR, features_of
 from speccap.pipeline.verify_rank import choose_verify_rank, stamp_gates, total_captions
-from speccap.tracking import Tracker, experiment_for
+from speccap.tracking import Tracker
 
 
 def _traces(split: str) -> pd.DataFrame:
@@ -70,7 +70,7 @@ def gates_flow(params_path: str | None = None) -> dict:
     key = hashlib.sha256(b"".join((out / f"{n}.pkl").read_bytes() for n in learned_names(params))).hexdigest()[:12]
     result["gates_key"] = key
     (out / "gates.json").write_text(json.dumps(result, indent=1))
-    tracker = Tracker(params.tracking.uri, experiment_for(params.tracking.experiment, "gates"))
+    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "gates")
     x = features_of(val.head(5))
     example = pd.DataFrame(x, columns=list(token_columns(x.shape[1] - len(TOKEN_SCALARS) - 1)))
     with tracker.sweep(f"gates-{key}", {"gates": params.gates.__dict__}, {"sweep_key": f"gates-{key}",

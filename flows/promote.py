@@ -17,7 +17,7 @@ from speccap.models.loading import load_role
 from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.promote import decide, evaluate_gate, validation_clips
 from speccap.pipeline.saved import gate_from_saved, load_gate
-from speccap.tracking import Tracker, experiment_for
+from speccap.tracking import Tracker
 
 OUT = Path("reports/promotion.json")
 
@@ -36,7 +36,7 @@ def promote_flow(params_path: str | None = None) -> dict:
         gate = load_gate(params, name)  # at the promote budget's threshold
         candidates[name] = evaluate_gate(edge, cloud, gate, params, clips) | {
             "gates_key": gates_json["gates_key"], "version": gates_json["versions"][name]}
-    tracker = Tracker(params.tracking.uri, experiment_for(params.tracking.experiment, "promote"))
+    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "promote")
     name = params.gates.registry_name
     champ = tracker.champion(name)
     champ_score = None

@@ -17,7 +17,7 @@ def report_task(params_path: str | None) -> dict:
     params = load_params(params_path)
     summary = json.loads(Path("reports/decode_summary.json").read_text())
     metrics = build_report(params, summary, "reports")
-    tracker = Tracker(params.tracking.uri, params.tracking.experiment)
+    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "report")
     with tracker.sweep("report", {}, {"sweep_key": summary["sweep_key"], "stage": "decode"}) as parent:
         tracker.log_artifacts(parent, ["reports/tables", "reports/plots", "reports/metrics.json"])
     return metrics

@@ -18,7 +18,7 @@ from speccap.config import Params
 from speccap.fanout import WorkerDied
 from speccap.pipeline.sweep import RunConfig, config_key, link_config, models_fingerprint, relink_source, run_config, summarize
 from speccap.pipeline.workers import Pool
-from speccap.tracking import Tracker, experiment_for
+from speccap.tracking import Tracker
 
 _POOL: dict = {}
 
@@ -48,7 +48,7 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
     sources = {c: s for c in configs if (s := relink_source(c, params)) in keys and clips_of[s] == clips_of[c]}
     configs = sorted(configs, key=lambda c: c in sources)
     sweep_key = hashlib.sha256(json.dumps([stage] + sorted(keys.values())).encode()).hexdigest()[:12]
-    tracker = Tracker(params.tracking.uri, experiment_for(params.tracking.experiment, stage))
+    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, stage)
     summary = {"sweep_key": sweep_key, "models": fp, "tracking_uri": tracker.uri, "configs": []}
     sweep_params = {"data.source": params.data.source, "decode": params.decode.__dict__,
                     "link": params.link.__dict__, "sweep": params.sweep.__dict__, "models_fingerprint": fp,

@@ -33,7 +33,7 @@ def trace_refs_flow(params_path: str | None = None) -> dict:
             pool.close()
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text(json.dumps(report, indent=1))
-    tracker = Tracker(params.tracking.uri, params.tracking.experiment)
+    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "trace_refs")
     key = f"trace-refs-{report['models']}-{params.data.trace_references}"
     with tracker.sweep(key, {"trace_references": params.data.trace_references}, {"sweep_key": key,
                                                                                  "stage": "trace_refs"}) as parent:

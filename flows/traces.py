@@ -41,7 +41,7 @@ def traces_flow(params_path: str | None = None) -> dict:
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(result, indent=1))
     key = traces_key(params)
-    tracker = Tracker(params.tracking.uri, params.tracking.experiment)
+    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "traces")
     with tracker.sweep(f"traces-{key}", {"traces": params.gates.traces.__dict__, "rank": params.decode.rank},
                        {"sweep_key": f"traces-{key}", "stage": "traces"}) as parent:
         for split, stats in result.items():

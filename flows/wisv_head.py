@@ -23,7 +23,7 @@ from speccap.pipeline.saved import head_path
 from speccap.pipeline.traces import collect, summary, trace_clips, trace_one, traces_key
 from speccap.pipeline.wisv_head import WISV_TRACE_DIR, judged, shadow_traces, trace_settings, train_wisv_head
 from speccap.pipeline.workers import Pool
-from speccap.tracking import Tracker, experiment_for
+from speccap.tracking import Tracker
 
 
 @flow(name="speccap-wisv-head")
@@ -44,7 +44,7 @@ def wisv_head_flow(params_path: str | None = None) -> dict:
     path = head_path(params)
     key = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     report["head_key"] = key
-    tracker = Tracker(params.tracking.uri, experiment_for(params.tracking.experiment, "wisv_head"))
+    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "wisv_head")
     ex = judged(tables["val"]).head(3)
     parts = [pd.DataFrame(ex["h_edge"].tolist()).add_prefix("e"), pd.DataFrame(ex["h_cloud"].tolist()).add_prefix("c"),
              pd.DataFrame([[1.3, 2.0, 0.05, 0.0]] * len(ex)).add_prefix("csi")]

@@ -5,7 +5,7 @@ page in the UI's model-training views (it would otherwise open on its GenAI over
 
 Starts `mlflow server` on the store of params (`tracking.uri`, or $MLFLOW_TRACKING_URI when that is a
 database), prints the link to the runs of each experiment (`tracking.experiment` for the decode sweep,
-its "-gates" and "-wisv" twins: speccap.tracking.STAGE_EXPERIMENTS), and serves until stopped.
+its "-gates" and "-wisv" twins: speccap.run_views.STAGE_EXPERIMENTS), and serves until stopped.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import time
 import urllib.request
 
 from speccap.config import load_params
-from speccap.tracking import STAGE_EXPERIMENTS, Tracker, experiment_for, resolve_uri, runs_page
+from speccap.run_views import STAGE_EXPERIMENTS, runs_page
+from speccap.tracking import Tracker, resolve_uri
 
 
 def main() -> None:
@@ -31,8 +32,8 @@ def main() -> None:
     if store.startswith("http"):
         sys.exit(f"the runs are on a tracking server already: {store} (open it in a browser)")
     base = params.tracking.experiment
-    names = dict.fromkeys(experiment_for(base, stage) for stage in ("decode", *STAGE_EXPERIMENTS))
-    experiments = {name: Tracker(store, name).experiment_id for name in names}
+    trackers = (Tracker.for_stage(store, base, stage) for stage in ("decode", *STAGE_EXPERIMENTS))
+    experiments = {t.experiment: t.experiment_id for t in trackers}  # each with its view (run_views)
     env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     env.pop("MLFLOW_TRACKING_URI", None)
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,

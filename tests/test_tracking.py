@@ -157,3 +157,25 @@ def test_two_trackers_in_one_process_keep_their_own_stores(tmp_path, monkeypatch
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'c.db'}")
     c = Tracker(f"sqlite:///{tmp_path / 'b.db'}", "three")
     assert c.uri.endswith("c.db") and os.environ["MLFLOW_TRACKING_URI"].endswith("c.db")
+
+
+def test_a_stage_tracker_writes_its_view_and_tags_rows(tmp_path, monkeypatch):
+    import json
+
+    from speccap.run_views import HEADLINE, ROLE_TAG, ROW, SWEEP, VIEW_TAG
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    gates = Tracker.for_stage(uri, "exp", "gate_eval")
+    assert gates.experiment == "exp-gates"
+    view = json.loads(gates.mlflow.get_experiment(gates.experiment_id).tags[VIEW_TAG])
+    assert view["selectedColumns"][-1] == f"params.`{HEADLINE['gates']['params'][-1]}`"
+    with gates.sweep("gate_eval-sweep", {}, {"sweep_key": "k"}) as parent:
+        gates.log_config(parent, "c", "ugsd-en-g", {"budget": 0.1}, {"bleu1": 1.0})
+    roles = {r["name"]: r["tags"][ROLE_TAG] for r in gates.runs()}
+    assert roles == {"gate_eval-sweep": SWEEP, "ugsd-en-g": ROW}
+    # a reader leaves the view as the stages wrote it; the decode sweep's experiment has its own
+    Tracker(uri, "exp-gates")
+    assert json.loads(gates.mlflow.get_experiment(gates.experiment_id).tags[VIEW_TAG]) == view
+    decode = Tracker.for_stage(uri, "exp", "decode")
+    assert decode.experiment == "exp" and VIEW_TAG in decode.mlflow.get_experiment(decode.experiment_id).tags
+    assert json.loads(decode.mlflow.get_experiment(decode.experiment_id).tags[VIEW_TAG]) != view

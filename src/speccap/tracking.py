@@ -15,6 +15,8 @@ import os
 import re
 from pathlib import Path
 
+from .run_views import ROLE_TAG, ROW, SWEEP, VIEW_TAG, experiment_for, kind_of, view_state
+
 _EXPS = re.compile(r"^(.*?)/\.dvc/tmp/exps/")
 
 
@@ -38,32 +40,6 @@ def resolve_uri(uri: str | None, root: Path | None = None) -> str:
     if "://" not in uri and not uri.startswith("/"):  # a bare folder: file store, relative to the root
         return str((root or project_root()) / uri)
     return uri
-
-
-# One MLflow experiment per kind of comparison, so each runs page holds runs that compare with each
-# other: the decode sweep (and the traces) in `tracking.experiment`, the gates' training, evaluation
-# and promotion in "<experiment>-gates", the WISV head and its evaluation in "<experiment>-wisv".
-STAGE_EXPERIMENTS = {"gates": "gates", "gate_eval": "gates", "promote": "gates", "wisv_head": "wisv",
-                     "wisv_eval": "wisv"}
-
-
-def experiment_for(base: str, stage: str) -> str:
-    """The experiment a stage logs its runs to (`base`: tracking.experiment)."""
-    kind = STAGE_EXPERIMENTS.get(stage)
-    return f"{base}-{kind}" if kind else base
-
-
-def runs_page(ui: str, experiment_id: str) -> str:
-    """The MLflow UI's page of an experiment's runs. The UI chooses between its GenAI views (traces,
-    token usage) and its model-training views by a switch it keeps in the browser, GenAI unless told;
-    `workflowType` in the link tells it."""
-    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
-
-
-def compare_page(ui: str, experiment_id: str, run_ids: list[str]) -> str:
-    """The MLflow UI's side-by-side view of `run_ids` (params, every metric, plots)."""
-    runs = ",".join(f'"{r}"' for r in run_ids)
-    return f'{ui.rstrip("/")}/#/compare-runs?runs=[{runs}]&experiments=["{experiment_id}"]&workflowType=machine_learning'
 
 
 def _mlflow(uri: str):
@@ -112,30 +88,38 @@ _EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
 class Tracker:
-    """Parent run per sweep, one nested run per configuration."""
+    """Parent run per sweep, one nested run per configuration. `view`: the kind of comparison
+    (run_views.HEADLINE) whose runs page the experiment opens on; None for a reader, which
+    leaves the experiment's view as the writers set it."""
 
-    def __init__(self, uri: str | None, experiment: str):
+    def __init__(self, uri: str | None, experiment: str, view: str | None = None):
         self.uri = resolve_uri(uri)
         if self.uri.startswith("sqlite:///"):
             Path(self.uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         self.mlflow = _mlflow(self.uri)
         self.experiment = experiment
-        self.experiment_id = self._experiment_id(experiment)
+        tags = dict(_EXPERIMENT_TAGS) if view is None else _EXPERIMENT_TAGS | {VIEW_TAG: view_state(view)}
+        self.experiment_id = self._experiment_id(experiment, tags)
 
-    def _experiment_id(self, name: str) -> str:
+    @classmethod
+    def for_stage(cls, uri: str | None, base: str, stage: str) -> Tracker:
+        """The tracker of a pipeline stage: its kind's experiment (run_views.experiment_for), and its view."""
+        return cls(uri, experiment_for(base, stage), view=kind_of(stage))
+
+    def _experiment_id(self, name: str, tags: dict[str, str]) -> str:
         """Get or create; two processes starting at once against one server both get the one
         experiment (the loser of the create race reads the winner's)."""
         from mlflow.exceptions import MlflowException
         exp = self.mlflow.get_experiment_by_name(name)
         if exp is None:
             try:
-                return self.mlflow.create_experiment(name, tags=dict(_EXPERIMENT_TAGS))
+                return self.mlflow.create_experiment(name, tags=tags)
             except MlflowException:
                 exp = self.mlflow.get_experiment_by_name(name)
                 if exp is None:
                     raise
-        if any(exp.tags.get(k) != v for k, v in _EXPERIMENT_TAGS.items()):  # made by an older version
-            for k, v in _EXPERIMENT_TAGS.items():
+        for k, v in tags.items():  # an experiment an older version made, or another view's
+            if exp.tags.get(k) != v:
                 self.mlflow.MlflowClient(self.uri).set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
 
@@ -152,7 +136,7 @@ class Tracker:
                                    experiment_id=self.experiment_id) as run:
             if not run_id:
                 self.mlflow.log_params(_flat(params))
-                self.mlflow.set_tags(tags or {})
+                self.mlflow.set_tags((tags or {}) | {ROLE_TAG: SWEEP})
             yield run.info.run_id
 
     def finished(self, parent_id: str) -> set[str]:
@@ -166,7 +150,7 @@ class Tracker:
         """One nested run for one configuration; FAILED with the error when it failed."""
         with self.mlflow.start_run(run_name=name, experiment_id=self.experiment_id, nested=True,
                                    parent_run_id=parent_id) as run:
-            self.mlflow.set_tags({"config_id": config_id})
+            self.mlflow.set_tags({"config_id": config_id, ROLE_TAG: ROW})
             self.mlflow.log_params(_flat(params))
             if metrics:
                 self.mlflow.log_metrics(_clean_metrics(metrics))
@@ -225,7 +209,7 @@ class Tracker:
                                    nested=parent_id is not None, parent_run_id=parent_id) as run:
             self.mlflow.log_params(_flat(params))
             self.mlflow.log_metrics(_clean_metrics(metrics))
-            self.mlflow.set_tags(tags or {})
+            self.mlflow.set_tags((tags or {}) | {ROLE_TAG: ROW})
             for a in artifacts:
                 if Path(a).exists():
                     self.mlflow.log_artifact(str(a))

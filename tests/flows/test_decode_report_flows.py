@@ -8,6 +8,8 @@ import yaml
 
 from speccap.tracking import Tracker
 
+from .views import check_view
+
 
 def test_sweep_logs_a_run_per_config_survives_a_failure_and_resumes(tiny_project, tmp_path, monkeypatch):
     from flows.decode import decode_flow
@@ -45,6 +47,7 @@ def test_sweep_logs_a_run_per_config_survives_a_failure_and_resumes(tiny_project
                 "ram_gb", "rho", "aal", "rounds", "bytes_up", "bytes_down"):
         assert key in edge_en["metrics"], key
     assert edge_en["params"]["method"] == "edge" and edge_en["params"]["language"] == "en"
+    check_view(tracker, "")  # the UI's view of the sweep: its rows, their headline columns
     # every quality figure with its 95% bootstrap interval, in MLflow too
     for key in ("bleu1", "meteor", "rouge_l"):
         m = edge_en["metrics"]

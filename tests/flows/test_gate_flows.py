@@ -10,6 +10,8 @@ import pandas as pd
 from speccap.data.manifest import manifest_path, read_manifest
 from speccap.tracking import Tracker
 
+from .views import check_view
+
 
 def test_gate_chain_end_to_end(own_project, tmp_path):
     from flows.gate_eval import gate_eval_flow
@@ -85,6 +87,7 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
     budget_runs = [r for r in tracker.runs() if r["params"].get("gate_name") == name]
     assert {r["params"]["budget"] for r in budget_runs} >= {"0.3", "0.6"}
 
+    check_view(tracker, "gates")
     first = promote_flow(str(pfile))
     assert first["promote"] in chosen and "first champion" in first["reason"]
     champ = tracker.champion("speccap-gate")

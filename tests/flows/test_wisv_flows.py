@@ -13,6 +13,8 @@ import pytest
 
 from speccap.tracking import Tracker
 
+from .views import check_view
+
 
 def test_wisv_chain_end_to_end(own_project, tmp_path):
     from flows.wisv_eval import wisv_eval_flow
@@ -100,6 +102,7 @@ def test_wisv_chain_end_to_end(own_project, tmp_path):
     assert "+60.8%" in md and "| en | fast | 3 | wisv |" in md and "selective-hidden ms" in md
     assert (tmp_path / "reports/wisv/wisv.png").stat().st_size > 5000
     assert len(result["deltas"]) == 4
+    check_view(tracker, "wisv")
     # a rerun resumes: every configuration's records are reused
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "reports/wisv_runs").iterdir()}
     wisv_eval_flow(str(pfile))
