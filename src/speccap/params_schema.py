@@ -2,8 +2,8 @@
 
 Frozen dataclasses validated by pydantic (speccap.config reads the file into them): unknown keys
 are refused, numbers and flags are strict (a YAML `true` is not a 1, "1.5" is not a number), an int
-is a float where one is wanted, and every list of allowed names is a Literal here, the one place it
-is kept (decoding.rules and decoding.gates take theirs from it). Cross-field rules: config._validate.
+is a float where one is wanted. The value types and every list of allowed names: params_types.py;
+the `cluster:` section: params_cluster.py. Cross-field rules: config._validate.
 """
 
 from __future__ import annotations
@@ -11,32 +11,32 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, Strict
-from pydantic.dataclasses import dataclass as _pydantic_dataclass
+from pydantic import Field, Strict
 
-Int = Annotated[int, Strict()]
-Float = Annotated[float, Strict()]
-Bool = Annotated[bool, Strict()]
-# bounds, checked where the field is declared
-Count = Annotated[int, Strict(), Field(ge=1)]  # at least one
-NonNeg = Annotated[int, Strict(), Field(ge=0)]  # 0 allowed (often: all, none or adaptive)
-Positive = Annotated[float, Strict(), Field(gt=0)]
-NonNegFloat = Annotated[float, Strict(), Field(ge=0)]
-Share = Annotated[float, Strict(), Field(gt=0, le=1)]  # a rate in (0, 1]
-Unit = Annotated[float, Strict(), Field(ge=0, le=1)]  # in [0, 1]
-Language = Literal["en", "zh"]
-Backend = Literal["embedded", "qwen2_5_omni", "qwen3_omni_moe"]
-Family = Literal["qwen2_5_omni", "qwen3_omni_moe"]
-DType = Literal["auto", "float32", "bfloat16", "float16"]
-# params decode.rule and decode.gate; decoding.rules and decoding.gates build them
-RuleName = Literal["greedy", "rank", "spec_sampling", "qs", "sq"]
-GateName = Literal["never", "always", "entropy", "margin", "logprob"]
-ScoreGate = Literal["entropy", "margin", "logprob"]  # the gates that score a block against a threshold
-Method = Literal["edge", "cloud", "ugsd"]
-GateKind = Literal["logistic", "lightgbm", "mlp"]  # classifiers of the learned token gates
-GateTarget = Literal["gain", "mismatch", "critical"]
-VerifyName = Literal["alone", "pending"]  # what goes up with a token a token-level gate flags
-params_class = _pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+from .params_cluster import ClusterParams
+from .params_types import (
+    Backend,
+    Bool,
+    Count,
+    DType,
+    Family,
+    Float,
+    GateKind,
+    GateName,
+    GateTarget,
+    Int,
+    Language,
+    Method,
+    NonNeg,
+    NonNegFloat,
+    Positive,
+    RuleName,
+    ScoreGate,
+    Share,
+    Unit,
+    VerifyName,
+    params_class,
+)
 
 
 @params_class
@@ -349,38 +349,6 @@ class TrackingParams:
     # a shared Prefect server (http://host:4200/api); "" = one started per `dvc repro`
     # (scripts/with_prefect.sh); $PREFECT_API_URL wins over this
     prefect_api_url: str = ""
-
-
-@params_class
-class DaskParams:
-    kind: Literal["local", "slurm"] = "local"  # local: a LocalCluster on this machine; slurm: dask-jobqueue SLURMCluster jobs
-    workers: Count = 2  # LocalCluster workers, or Slurm jobs to start with (one worker each)
-    threads_per_worker: Count = 1  # one task at a time per worker: each holds its own models
-    adapt_maximum: NonNeg = 0  # > 0: scale between adapt_minimum and this many workers with the load
-    adapt_minimum: NonNeg = 0
-
-
-@params_class
-class SlurmParams:
-    queue: str = ""  # partition (#SBATCH -p)
-    account: str = ""  # #SBATCH -A
-    cores: Count = 8  # CPU cores per job
-    memory: str = "64GB"
-    walltime: str = "04:00:00"
-    gpus: NonNeg = 1  # #SBATCH --gres=gpu:N
-    job_extra_directives: tuple[str, ...] = ()  # more #SBATCH lines, e.g. "--constraint=a100"
-    job_script_prologue: tuple[str, ...] = ()  # shell lines before the worker starts (module load, venv)
-    local_directory: str = "/tmp"  # worker scratch space on the node
-    log_directory: str = "logs/slurm"
-
-
-@params_class
-class ClusterParams:
-    # local: each sweep configuration in turn, its captions over sweep.workers processes here;
-    # dask: configurations as Prefect tasks on a Dask cluster (each worker keeps its models loaded)
-    executor: Literal["dask", "local"] = "local"
-    dask: DaskParams = field(default_factory=DaskParams)
-    slurm: SlurmParams = field(default_factory=SlurmParams)
 
 
 @params_class

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from ..config import DecodeParams, Params
-from ..params_schema import GateName
+from ..params_types import GateName
 from .gates import Gate, make_gate
 from .halves import SpecSettings
 from .link import Link

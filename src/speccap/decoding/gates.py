@@ -23,7 +23,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import get_args
 
-from ..params_schema import GateName, VerifyName
+from ..params_types import GateName, VerifyName
 from .stats import Block
 
 VERIFY = get_args(VerifyName)

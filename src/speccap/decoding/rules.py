@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from ..params_schema import RuleName
+from ..params_types import RuleName
 from .qs import QuantizeSample, SampleQuantize
 from .verify import Rank, Rule, SpecSampling
 
