@@ -2,7 +2,8 @@
 
 One experiment per kind of comparison, so each runs page holds runs that compare with each other:
 the decode sweep (and the traces) in `tracking.experiment`, the gates' training, evaluation and
-promotion in "<experiment>-gates", the WISV head and its evaluation in "<experiment>-wisv".
+promotion in "<experiment>-gates", the WISV head and its evaluation in "<experiment>-wisv", what the
+uplink reveals in "<experiment>-privacy".
 
 Each experiment carries a view of its runs page that the UI restores from a link (MLflow's shared
 view state: an experiment tag holding the page's JSON state, named by `viewStateShareKey` in the
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 
 STAGE_EXPERIMENTS = {"gates": "gates", "gate_eval": "gates", "promote": "gates", "wisv_head": "wisv",
-                     "wisv_eval": "wisv"}
+                     "wisv_eval": "wisv", "privacy": "privacy"}
 
 # A run's role, as tag `ROLE_TAG`: a row of a comparison, or a sweep grouping rows
 ROLE_TAG, ROW, SWEEP = "role", "row", "sweep"
@@ -31,6 +32,10 @@ HEADLINE = {
               "metrics": [*_QUALITY, "auc_critical", "auc_mismatch"]},
     "wisv": {"params": ["language", "gate", "block_len", "link", "rule"],
              "metrics": [*_QUALITY, "ttft", "otps", "val_auc"]},
+    # what an eavesdropper rebuilds from each uplink representation
+    "privacy": {"params": ["representation", "n_mels", "hop"],
+                "metrics": ["stoi", "stoi_ci_low", "stoi_ci_high", "voice_id", "voice_id_ci_low", "voice_id_ci_high",
+                            "commonest_voice", "bytes_per_second"]},
 }
 VIEW_KEY = "speccap"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"

@@ -54,6 +54,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "wisv_eval": ("seed", "wisv", "decode.rank", "decode.temperature", "decode.edge_time_scale",
                   "decode.cloud_time_scale", "link", *_CROSS_FIT, "sweep.workers", "sweep.threads", *_MODELS,
                   "data.languages", "tracking.experiment"),
+    "privacy": ("seed", "privacy", "features", "data.languages", "tracking.experiment"),
 }
 
 

@@ -1,0 +1,55 @@
+"""DVC stage `privacy`: what the uplink reveals about the speech, as a Prefect flow.
+
+For the log-mel the edge sends and the coarser candidates of `privacy.candidates`: speech rebuilt
+from each (STOI against the original) and the voice named from each. Writes reports/privacy/ and
+logs one MLflow run per representation in the "<experiment>-privacy" experiment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import flow
+
+from flows import stage_main
+from speccap.config import load_params
+from speccap.pipeline.privacy import measure
+from speccap.pipeline.privacy_report import plot, render, target_met
+from speccap.tracking import Tracker
+
+OUT = Path("reports/privacy")
+
+
+def _metrics(w: dict) -> dict:
+    m = {"bytes_per_second": w["bytes_per_second"], "target_met": target_met(w)}
+    for name, ci in (("stoi", w["stoi"]), ("voice_id", w["voice_id"].get("accuracy"))):
+        if ci:
+            m |= {name: ci["value"], f"{name}_ci_low": ci["ci_low"], f"{name}_ci_high": ci["ci_high"]}
+    if w["voice_id"]["measured"]:
+        m["commonest_voice"] = w["voice_id"]["majority"]
+    return m
+
+
+@flow(name="speccap-privacy")
+def privacy_flow(params_path: str | None = None) -> dict:
+    params = load_params(params_path)
+    result = measure(params, params.features.workers)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "privacy.json").write_text(json.dumps(result, indent=1) + "\n")
+    (OUT / "privacy.md").write_text(render(result))
+    plot(result, OUT / "privacy.png")
+    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "privacy")
+    key = f"privacy-{params.privacy.clips}-{params.privacy.train_clips}"
+    with tracker.sweep(key, {"privacy": params.privacy.__dict__}, {"sweep_key": key, "stage": "privacy"}) as parent:
+        for w in result["wires"]:
+            tracker.log_config(parent, f"{key}-{w['n_mels']}-{w['hop']}", w["name"],
+                               {"representation": w["name"], "n_mels": w["n_mels"], "hop": w["hop"],
+                                "sent_today": w["sent"]}, _metrics(w))
+        tracker.log_artifacts(parent, [OUT / "privacy.md", OUT / "privacy.png", OUT / "privacy.json"])
+    return {"clips": result["clips"], "stoi": {w["name"]: round(w["stoi"]["value"], 3) for w in result["wires"]},
+            "target_met": [w["name"] for w in result["wires"] if target_met(w)]}
+
+
+if __name__ == "__main__":
+    stage_main(privacy_flow, "privacy")
