@@ -13,11 +13,12 @@ import numpy as np
 import torch
 
 from ..models.base import AudioLM
+from .cost import Work
 from .verify import Rule, Verdict
 
 
-def timed(fn, *args):
-    """Run fn(*args); return (output, wall seconds)."""
+def timed(fn, *args, work: Work | None = None):
+    """Run fn(*args); return (output, wall seconds). (`work`: what a charging clock would read.)"""
     t = time.perf_counter()
     out = fn(*args)
     return out, time.perf_counter() - t
@@ -43,7 +44,8 @@ class CloudSession:
     def prefill(self, measure=timed) -> tuple[float, int]:
         """Encode the audio and prompt now (the server does it when a session opens, which also
         checks the features); returns the compute seconds and the positions run."""
-        self.sess, dt = measure(self.lm.start, self.features, self.language)
+        self.sess, dt = measure(self.lm.start, self.features, self.language,
+                                work=Work("cloud", self.features.shape[-1], prefill=True))
         self.last = self.sess.prefill_logits
         return dt, self.sess.prompt_len
 
@@ -74,7 +76,8 @@ class CloudSession:
             positions += n
             if not self.cache:
                 sync = prefix  # a fresh cache needs the whole caption so far again
-        out, dt = measure(self.sess.extend, list(sync) + list(draft), self.keep_hidden)
+        fed = list(sync) + list(draft)
+        out, dt = measure(self.sess.extend, fed, self.keep_hidden, work=Work("cloud", len(fed), self.sess.length))
         spent += dt
         positions += len(sync) + len(draft)
         rows = torch.cat([self.last[None], out.logits])[len(sync):]  # row i scores draft token i

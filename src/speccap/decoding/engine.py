@@ -22,6 +22,7 @@ from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
 from ..models.generate import pick
 from . import packets
+from .cost import CostModel, Work
 from .gates import Gate
 from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, last_token
 from .link import Link
@@ -33,29 +34,32 @@ __all__ = ["CaptionRecord", "SpecSettings", "edge_only", "cloud_only", "speculat
 
 
 def edge_only(edge: AudioLM, features: np.ndarray, language: str, max_new_tokens: int = 128,
-              temperature: float = 0.0, seed: int = 0, time_scale: float = 1.0) -> CaptionRecord:
-    """The device alone: nothing crosses the link."""
-    return _local(edge, features, language, max_new_tokens, temperature, seed, "edge", None, time_scale)
+              temperature: float = 0.0, seed: int = 0, time_scale: float = 1.0, cost: CostModel | None = None
+              ) -> CaptionRecord:
+    """The device alone: nothing crosses the link. `cost`: charge model calls by it (decoding.cost)."""
+    return _local(edge, features, language, max_new_tokens, temperature, seed, "edge", None, time_scale, cost)
 
 
 def cloud_only(cloud: AudioLM, features: np.ndarray, language: str, link: Link, max_new_tokens: int = 128,
-               temperature: float = 0.0, seed: int = 0, time_scale: float = 1.0) -> CaptionRecord:
+               temperature: float = 0.0, seed: int = 0, time_scale: float = 1.0, cost: CostModel | None = None
+               ) -> CaptionRecord:
     """The features go up once, the cloud generates, tokens come down as they are made."""
-    return _local(cloud, features, language, max_new_tokens, temperature, seed, "cloud", link, time_scale)
+    return _local(cloud, features, language, max_new_tokens, temperature, seed, "cloud", link, time_scale, cost)
 
 
 def _local(lm, features, language, max_new_tokens, temperature, seed, method, link: Link | None,
-           time_scale: float = 1.0) -> CaptionRecord:
+           time_scale: float = 1.0, cost: CostModel | None = None) -> CaptionRecord:
     rng = np.random.default_rng(seed) if temperature > 0 else None
     rec = CaptionRecord("", [], method)
-    clock = Clock()
+    clock = Clock(cost)
     wall0 = time.perf_counter()
     bits = packets.id_bits(lm.vocab_size)
     with ResourceMonitor() as mon:
         if link is not None:
             up = packets.features_packet(1, features, language)
             charge(rec, clock, link, "up", "features", up)
-        session, dt = clock.run(lm.start, features, language, scale=time_scale)
+        session, dt = clock.run(lm.start, features, language, scale=time_scale,
+                                work=Work(method, features.shape[-1], prefill=True))
         rec.prefill_time = dt
         rec.edge_compute, rec.cloud_compute = (dt, 0.0) if link is None else (0.0, dt)
         rec.prompt_tokens = session.prompt_len
@@ -75,7 +79,7 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
             ids.append(tok)
             if len(ids) == max_new_tokens:
                 break
-            out, dt = clock.run(session.extend, [tok], scale=time_scale)
+            out, dt = clock.run(session.extend, [tok], scale=time_scale, work=Work(method, 1, session.length))
             logits = out.logits[-1]
             if link is None:
                 rec.edge_compute += dt
@@ -107,7 +111,7 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
     returns the verdict, or None when the cloud could not be reached (the block is then committed
     as drafted: edge-only for that block). In-process: `CloudHalf`; over a socket: serving.edge."""
     rec = CaptionRecord("", [], "speculative")
-    clock = Clock()
+    clock = Clock(settings.cost)
     wall0 = time.perf_counter()
     eos = edge.eos_token_id
     policy, gate, rule = settings.policy, settings.gate, settings.rule

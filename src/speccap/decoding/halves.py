@@ -15,6 +15,7 @@ from ..models.base import AudioLM
 from ..models.generate import pick
 from . import packets
 from .cloud import CloudSession
+from .cost import Work
 from .gates import Gate
 from .link import Link
 from .policies import LengthPolicy
@@ -42,9 +43,12 @@ class SpecSettings:
     # pipelined: "adaptive" waits for a verdict due sooner than a drafted token is likely to be
     # useful; "always" drafts ahead whenever the in-flight limit allows
     draft_ahead: str = "adaptive"
-    # hardware emulation on the virtual clock: measured compute times these factors
+    # hardware emulation on the virtual clock: charged compute times these factors
     edge_time_scale: float = 1.0
     cloud_time_scale: float = 1.0
+    # the clock's charge for a model call: None = its measured seconds; a decoding.cost.CostModel =
+    # that model's seconds for the call, the same on any load
+    cost: object = None
     # blocking loop: called after each verification with (block, the cloud's rows for it, the
     # verdict, the committed tokens before the block, the cloud's hidden states of the draft or
     # None); trace collection reads the cloud's view here
@@ -71,7 +75,8 @@ class EdgeHalf:
         self.keep_hidden = s.trace_hidden or s.rule.needs_hidden  # block.hidden: the state after each token
         self.keep_context = s.gate.needs_hidden  # block.context: the state before each token
         start = partial(lm.start, hidden=True) if self.keep_context else lm.start
-        self.sess, dt = clock.run(start, features, language, scale=s.edge_time_scale)
+        self.sess, dt = clock.run(start, features, language, scale=s.edge_time_scale,
+                                  work=Work("edge", features.shape[-1], prefill=True))
         rec.prefill_time = rec.edge_compute = dt
         rec.prompt_tokens = self.sess.prompt_len
         self.logits = self.sess.prefill_logits  # next-token logits after what the cache holds
@@ -87,7 +92,8 @@ class EdgeHalf:
         return self._extend([tok], hidden)
 
     def _extend(self, ids: list[int], hidden: bool = False) -> torch.Tensor | None:
-        out, dt = self.clock.run(self.sess.extend, ids, hidden or self.keep_context, scale=self.s.edge_time_scale)
+        out, dt = self.clock.run(self.sess.extend, ids, hidden or self.keep_context, scale=self.s.edge_time_scale,
+                                 work=Work("edge", len(ids), self.sess.length))
         self.rec.edge_compute += dt
         self.rec.edge_fed += len(ids)
         self.logits = out.logits[-1]
@@ -168,7 +174,7 @@ class CloudHalf:
         """One round on the session; returns the verdict and the (scaled) compute seconds."""
         verdict, spent, positions = self.session.verify(
             sync, prefix, block.tokens, block.q, eos,
-            measure=lambda fn, *a: self.clock.measure(fn, *a, scale=self.s.cloud_time_scale),
+            measure=lambda fn, *a, work: self.clock.measure(fn, *a, scale=self.s.cloud_time_scale, work=work),
             edge_hidden=block.hidden, csi=csi)
         self.rec.cloud_tokens += positions
         self.rec.cloud_compute += spent

@@ -90,7 +90,7 @@ class _Loop:
         self.features, self.language = features, language
         self.audio = audio_summary(features)
         self.rec = CaptionRecord("", [], "pipelined", in_flight=s.in_flight)
-        self.clock = Clock()
+        self.clock = Clock(s.cost)
         self.eos = edge.eos_token_id
         self.bits = packets.id_bits(min(edge.vocab_size, cloud.vocab_size))
         self.policy = s.policy

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
+from .cost import CostModel, Work
 from .link import Link
 
 
@@ -85,24 +86,31 @@ class CaptionRecord:
 
 
 class Clock:
-    """Measures model calls and keeps the virtual time. `scale` multiplies a measured call on the
-    virtual clock (hardware emulation: 2.0 = a device half as fast as this machine)."""
+    """Measures model calls and keeps the virtual time. A call is charged its measured seconds, or,
+    with a cost model (decoding.cost), the model's seconds for its `work`, whatever the machine's
+    load. `scale` multiplies a charged call on the virtual clock (hardware emulation: 2.0 = a
+    device half as fast as this machine). `model` always sums the measured seconds."""
 
-    def __init__(self):
+    def __init__(self, cost: CostModel | None = None):
         self.virtual = 0.0
         self.model = 0.0
+        self.cost = cost
 
-    def measure(self, fn, *args, scale: float = 1.0):
+    def measure(self, fn, *args, scale: float = 1.0, work: Work | None = None):
         """Run a model call; return (output, scaled seconds) without advancing the virtual time
         (for a call on another timeline, e.g. the cloud's in the pipelined loop)."""
         t = time.perf_counter()
         out = fn(*args)
         dt = time.perf_counter() - t
         self.model += dt
+        if self.cost is not None:
+            if work is None:
+                raise ValueError("a clock with a cost model needs each model call's work")
+            dt = self.cost.seconds(work)
         return out, dt * scale
 
-    def run(self, fn, *args, scale: float = 1.0):
-        out, dt = self.measure(fn, *args, scale=scale)
+    def run(self, fn, *args, scale: float = 1.0, work: Work | None = None):
+        out, dt = self.measure(fn, *args, scale=scale, work=work)
         self.virtual += dt
         return out, dt
 

@@ -1,0 +1,116 @@
+"""A clock that does not depend on the machine's load: each model call charged by a cost function of
+(model, positions run, positions cached), fitted to timed single-sequence calls.
+
+Measured compute moves with whatever else runs on the machine, and the loops that decide by time
+(the pipelined loop's draft-ahead rule, adaptive Q-S) then decide differently from run to run.
+Charged by a fitted model instead, every clock of a caption is a function of its calls alone: the
+same calls, the same times, on any load. The fit is calibrated once on the machine (`calibrate`),
+kept as JSON, and read back by every run that should agree.
+
+    prefill seconds = a + b * audio frames                    (the audio encoder and the prompt)
+    extend seconds  = a + b * new + c * new * (cached + new)  (per-call overhead, per-token work,
+                                                               attention over the cache)
+
+Coefficients are fitted by non-negative least squares, so no term ever gives a call negative time.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import nnls
+
+ROLES = ("edge", "cloud")
+
+
+@dataclass(frozen=True)
+class Work:
+    """One model call as the cost model sees it."""
+
+    role: str  # "edge" or "cloud"
+    new: int  # audio frames for a prefill, tokens for an extend
+    cached: int = 0  # positions in the cache before the call (prompt included)
+    prefill: bool = False
+
+
+def _features(w: Work) -> list[float]:
+    if w.prefill:
+        return [1.0, float(w.new)]
+    return [1.0, float(w.new), float(w.new * (w.cached + w.new))]
+
+
+class CostModel:
+    """Seconds per model call; `coef[role]["prefill" | "extend"]`: the coefficients of `_features`."""
+
+    def __init__(self, coef: dict[str, dict[str, list[float]]]):
+        self.coef = coef
+
+    def seconds(self, w: Work) -> float:
+        c = self.coef[w.role]["prefill" if w.prefill else "extend"]
+        return float(np.dot(c, _features(w)))
+
+    @classmethod
+    def fit(cls, samples: list[tuple[Work, float]]) -> CostModel:
+        coef: dict[str, dict[str, list[float]]] = {}
+        for role in sorted({w.role for w, _ in samples}):
+            for kind, prefill in (("prefill", True), ("extend", False)):
+                rows = [(w, t) for w, t in samples if w.role == role and w.prefill == prefill]
+                if not rows:
+                    raise ValueError(f"cost model: no timed {kind} calls of the {role} model to fit")
+                x = np.array([_features(w) for w, _ in rows])
+                y = np.array([t for _, t in rows])
+                coef.setdefault(role, {})[kind] = nnls(x, y)[0].tolist()
+        return cls(coef)
+
+    def to_json(self) -> dict:
+        return {"form": {"prefill": "a + b*frames", "extend": "a + b*new + c*new*(cached+new)"}, "coef": self.coef}
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"cost model {path} does not exist (calibrate one: benchmarks/cost_model.py)")
+        data = json.loads(path.read_text())
+        missing = [r for r in ROLES if r not in data.get("coef", {})]
+        if missing:
+            raise ValueError(f"cost model {path}: no coefficients for {', '.join(missing)}")
+        return cls(data["coef"])
+
+
+def _timed(fn, *args) -> tuple[object, float]:
+    t = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t
+
+
+def calibrate(models: dict, clips: list[tuple[np.ndarray, str]], sizes=(1, 2, 4, 8), steps: int = 4,
+              step_len: int = 16, repeats: int = 3) -> tuple[CostModel, list[tuple[Work, float]]]:
+    """Time single-sequence calls of each model (`models`: role -> AudioLM) on `clips` ((log-mel,
+    language)): the prefill, then extends of each size in `sizes` at `steps` cache lengths `step_len`
+    apart (each rolled back, so they all see the same cache). The median of `repeats` timings per
+    call. Returns the fitted model and the timed calls."""
+    samples: list[tuple[Work, float]] = []
+    for role, lm in models.items():
+        ids = [t for t in range(10, 10 + step_len) if t != lm.eos_token_id]
+        for features, language in clips:
+            times = []
+            for _ in range(repeats):
+                sess, dt = _timed(lm.start, features, language)
+                times.append(dt)
+            samples.append((Work(role, int(features.shape[-1]), 0, prefill=True), statistics.median(times)))
+            for _ in range(steps):
+                for n in sizes:
+                    w = Work(role, n, sess.length)
+                    times = []
+                    for _ in range(repeats):
+                        _, dt = _timed(sess.extend, (ids * n)[:n])
+                        sess.rollback(n)
+                        times.append(dt)
+                    samples.append((w, statistics.median(times)))
+                sess.extend(ids)  # the next cache length
+    return CostModel.fit(samples), samples
