@@ -101,3 +101,22 @@ def test_the_champion_judges_by_its_own_rank_unless_the_command_line_says_otherw
     assert rule("--gate", "champion", "--rank", "4").r == 4  # --rank wins
     assert rule("--gate", "champion", "--rule", "rank").r == 3  # so does --rule: the params' R
     assert rule("--gate", "entropy").r == 3  # a rule gate carries no R of its own
+
+
+def test_calibrate_prints_a_cost_model_params_accept_and_the_clock_uses(tiny_project, tmp_path, capsys):
+    import yaml
+
+    from speccap.config import params_from_dict
+    from speccap.decoding.build import DecodeSpec, build_decoder
+    from speccap.decoding.cost import Work
+    _, _, pfile = tiny_project
+    assert main(["--params", str(pfile), "calibrate", "--clips", "1"]) == 0
+    out = capsys.readouterr()
+    block = yaml.safe_load(out.out)
+    assert "timed calls on 2 test clips" in out.err  # one per language
+    raw = yaml.safe_load(pfile.read_text())
+    raw["decode"] = raw.get("decode", {}) | block["decode"]
+    spec = DecodeSpec.from_params(params_from_dict(raw))
+    cost = build_decoder(spec).cost
+    assert cost.coef == block["decode"]["cost"] and cost.seconds(Work("cloud", 4, 100)) >= 0
+    assert set(block["decode"]["cost"]) == {"edge", "cloud"}

@@ -7,6 +7,7 @@
   speccap score        score a JSONL of captions against a manifest (BLEU-1/4, METEOR, ROUGE-L)
   speccap show         print a few clips of a manifest with their cue values and references
   speccap resolve      write resolved/<stage>.json: the params each DVC stage uses, profile applied
+  speccap calibrate    time both models' calls here and print the fitted cost model (params decode.cost)
   speccap serve-cloud  run the cloud model as a verifier server (HTTP, bearer token, optional TLS)
   speccap edge         caption audio files on the edge, verifying blocks against a `serve-cloud` server
 
@@ -75,10 +76,10 @@ def _cmd_caption(args) -> int:
         link = Link(params.link, seed=args.seed)
         if args.mode == "edge":
             rec = edge_only(edge, mel, args.language, spec.max_new_tokens, spec.temperature, args.seed,
-                            spec.edge_time_scale)
+                            spec.edge_time_scale, spec.cost)
         elif args.mode == "cloud":
             rec = cloud_only(cloud, mel, args.language, link, spec.max_new_tokens, spec.temperature, args.seed,
-                             spec.cloud_time_scale)
+                             spec.cloud_time_scale, spec.cost)
         else:
             settings = build_decoder(spec, learned=_champion_loader(params), head=head)
             rec = speculative(edge, cloud, mel, args.language, settings, link)
@@ -275,6 +276,22 @@ def _cmd_resolve(args) -> int:
     return 0
 
 
+def _cmd_calibrate(args) -> int:
+    import yaml
+
+    from .data.featurize import load_clip_features
+    from .data.manifest import manifest_path, read_manifest
+    from .decoding.cost import ROLES, calibrate
+    from .models.loading import load_role
+    params = load_params(args.params)
+    clips = [(load_clip_features(params.data.processed_dir, r["id"])[0], lang) for lang in params.data.languages
+             for r in read_manifest(manifest_path(params.data.processed_dir, "test", lang))[: args.clips]]
+    model, samples = calibrate({role: load_role(params, role) for role in ROLES}, clips)
+    print(f"# {len(samples)} timed calls on {len(clips)} test clips; paste into params.yaml", file=sys.stderr)
+    print(yaml.safe_dump({"decode": {"cost": model.coef}}, default_flow_style=None, sort_keys=False), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="speccap", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -348,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "stage: a stage re-runs only when its own resolved values change)")
     s.add_argument("--out", type=Path, default=Path("resolved"), help="folder (default resolved/)")
     s.set_defaults(func=_cmd_resolve)
+    s = sub.add_parser("calibrate", help="fit the clock's cost model to timed calls of both models (decode.cost)")
+    s.add_argument("--clips", type=int, default=4, help="test clips per language timed (default 4)")
+    s.set_defaults(func=_cmd_calibrate)
     return p
 
 

@@ -170,6 +170,18 @@ class AdaptiveParams:
 
 
 @params_class
+class RoleCost:
+    prefill: tuple[NonNegFloat, NonNegFloat]  # seconds = a + b * audio frames
+    extend: tuple[NonNegFloat, NonNegFloat, NonNegFloat]  # a + b * new + c * new * (cached + new)
+
+
+@params_class
+class CostParams:
+    edge: RoleCost
+    cloud: RoleCost
+
+
+@params_class
 class DecodeParams:
     temperature: Float = 0.0  # 0 = greedy drafting and generation
     rule: RuleName = "rank"
@@ -188,6 +200,9 @@ class DecodeParams:
     # slower than this CPU runs the embedded edge at the papers' ~2 tokens/s)
     edge_time_scale: Positive = 1.0
     cloud_time_scale: Positive = 1.0
+    # the clock: null = each model call charged its measured compute (moves with the machine's load);
+    # a fitted cost model (decoding.cost; `speccap calibrate` prints one) = the same charge on any load
+    cost: CostParams | None = None
 
 
 @params_class

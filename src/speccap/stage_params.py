@@ -15,7 +15,7 @@ from pathlib import Path
 from .config import ConfigError, Params
 
 _GATE_DECODE = ("decode.temperature", "decode.rule", "decode.rank", "decode.in_flight", "decode.draft_ahead",
-                "decode.edge_time_scale", "decode.cloud_time_scale")
+                "decode.edge_time_scale", "decode.cloud_time_scale", "decode.cost")
 # whether the gates learn from folds of the test clips (pipeline.folds.active), how many, and the test
 # clips (sweep.clips) the folds are dealt from, which the gates and the WISV head are evaluated on too
 _CROSS_FIT = ("data.source", "data.trace_pool.path", "data.cross_fit", "sweep.clips")
@@ -32,6 +32,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
                "data.languages", "tracking.experiment"),
     "report": ("decode", "link", "sweep.detail_clips", "data.languages", "tracking.experiment"),
     "trace_refs": ("seed", "data.trace_references", *_CROSS_FIT, "decode.temperature", "decode.cloud_time_scale",
+                   "decode.cost",
                    *_MODELS, "data.languages", "sweep.workers", "sweep.threads", "tracking.experiment"),
     "traces": ("seed", "data.trace_references", "gates.traces", "decode.rank", *_MODELS, "data.languages",
                "sweep.workers", "sweep.threads", "tracking.experiment"),
@@ -52,7 +53,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
                   "decode.rank", *_MODELS, "data.languages", "tracking.experiment"),
     # its edge-only, cloud-only and greedy runs read decode's temperature and clocks, and the link
     "wisv_eval": ("seed", "wisv", "decode.rank", "decode.temperature", "decode.edge_time_scale",
-                  "decode.cloud_time_scale", "link", *_CROSS_FIT, "sweep.workers", "sweep.threads", *_MODELS,
+                  "decode.cloud_time_scale", "decode.cost", "link", *_CROSS_FIT, "sweep.workers", "sweep.threads", *_MODELS,
                   "data.languages", "tracking.experiment"),
     "privacy": ("seed", "privacy", "features", "data.languages", "tracking.experiment"),
 }

@@ -16,6 +16,7 @@ from typing import get_args
 
 from ..config import DecodeParams, Params
 from ..params_types import GateName
+from .cost import CostModel
 from .gates import Gate, make_gate
 from .halves import SpecSettings
 from .link import Link
@@ -54,6 +55,7 @@ class DecodeSpec:
     draft_ahead: str = "adaptive"
     edge_time_scale: float = 1.0
     cloud_time_scale: float = 1.0
+    cost: CostModel | None = None  # the clock's charge per model call (None: measured compute)
     max_new_tokens: int = 128
     seed: int = 0
 
@@ -71,7 +73,7 @@ class DecodeSpec:
                       tau=lambda: params.wisv.tau, wisv_protocol=lambda: params.wisv.protocol,
                       wisv_max_rank=lambda: params.wisv.max_rank, in_flight=lambda: d.in_flight,
                       draft_ahead=lambda: d.draft_ahead, edge_time_scale=lambda: d.edge_time_scale,
-                      cloud_time_scale=lambda: d.cloud_time_scale,
+                      cloud_time_scale=lambda: d.cloud_time_scale, cost=lambda: CostModel.from_params(d.cost),
                       max_new_tokens=lambda: params.models.max_new_tokens, seed=lambda: params.seed)
         final = {k: overrides[k] if k in overrides else source[k]() for k in ("rule", "block_len", "in_flight")}
         unused = _unused(final["rule"], final["block_len"], final["in_flight"], overrides.get("qs_adaptive", False),
@@ -121,7 +123,8 @@ def build_decoder(spec: DecodeSpec, *, learned: Callable[[DecodeSpec], Gate] | N
                         max_new_tokens=spec.max_new_tokens, seed=spec.seed, cloud_cache=spec.cloud_cache,
                         in_flight=spec.in_flight,
                         draft_ahead=spec.draft_ahead, edge_time_scale=spec.edge_time_scale,
-                        cloud_time_scale=spec.cloud_time_scale, observer=observer, trace_hidden=trace_hidden)
+                        cloud_time_scale=spec.cloud_time_scale, cost=spec.cost, observer=observer,
+                        trace_hidden=trace_hidden)
 
 
 def _gate(spec: DecodeSpec, learned) -> Gate:

@@ -71,6 +71,14 @@ class CostModel:
         return {"form": {"prefill": "a + b*frames", "extend": "a + b*new + c*new*(cached+new)"}, "coef": self.coef}
 
     @classmethod
+    def from_params(cls, cost) -> CostModel | None:
+        """params' `decode.cost` (None: the measured clock)."""
+        if cost is None:
+            return None
+        return cls({role: {"prefill": list(getattr(cost, role).prefill), "extend": list(getattr(cost, role).extend)}
+                    for role in ROLES})
+
+    @classmethod
     def load(cls, path: str | Path) -> CostModel:
         path = Path(path)
         if not path.exists():

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ..config import Params, load_params
 from ..data.featurize import load_clip_features
 from ..decoding.build import DecodeSpec, build_decoder
+from ..decoding.cost import CostModel
 from ..decoding.engine import cloud_only, edge_only, speculative
 from ..decoding.link import Link
 from ..decoding.relink import link_log
@@ -80,10 +81,10 @@ def caption_one(job: tuple[dict, str]) -> dict:
         link = Link(link_config(params, cfg), seed=params.seed)
         if cfg.method == "edge":
             rec = edge_only(_W["edge"], mel, cfg.language, max_new, params.decode.temperature, params.seed,
-                            params.decode.edge_time_scale)
+                            params.decode.edge_time_scale, CostModel.from_params(params.decode.cost))
         elif cfg.method == "cloud":
             rec = cloud_only(_W["cloud"], mel, cfg.language, link, max_new, params.decode.temperature, params.seed,
-                             params.decode.cloud_time_scale)
+                             params.decode.cloud_time_scale, CostModel.from_params(params.decode.cost))
         else:
             w = worker()
             settings = build_decoder(decode_spec(cfg, params), learned=learned_gates(params, w.cache),

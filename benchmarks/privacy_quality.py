@@ -1,0 +1,150 @@
+"""The quality side of the privacy frontier: a cloud trained on each coarser uplink representation,
+and the share of the edge -> cloud gap it keeps.
+
+    python benchmarks/privacy_quality.py [--candidates 8x4 128x8 4x1] [--clips 100]   # where the pipeline ran
+
+The `privacy` stage measures what each representation of `privacy.candidates` reveals
+(reports/privacy/privacy.md); what the cloud can still caption from it needs a cloud trained on it.
+For each candidate ([mel bands]x[frames merged]): the clips featurized with that log-mel (in
+benchmarks/out/privacy_quality/<candidate>/, the manifests shared), the embedded cloud trained on
+them exactly as the `train` stage trains it (params `models.cloud`), then cloud-only captions of the
+first `--clips` test clips per language. Against the decode sweep's edge-only and cloud-only
+captions of the same clips (reports/decode_summary.json: the cloud on the log-mel sent today): BLEU-1
+and emotion hit with 95% intervals, and the share of the gap kept, paired over clips. Writes
+reports/privacy_quality.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from speccap.config import load_params
+from speccap.data.featurize import featurize, load_clip_features
+from speccap.data.manifest import manifest_path, read_manifest
+from speccap.decoding.engine import cloud_only
+from speccap.decoding.link import Link
+from speccap.metrics.bootstrap import ClipStats, gap_closed, interval
+from speccap.metrics.caption import score_captions
+from speccap.models.captioners import train_captioners
+from speccap.models.loading import load_role
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = ("bleu1", "emotion_hit_rate")
+
+
+def _candidate_params(params, n_mels: int, merged: int, where: Path):
+    """params for one representation: its log-mel, its own features and models folders."""
+    proc = where / "processed"
+    proc.mkdir(parents=True, exist_ok=True)
+    shared = proc / "manifests"
+    if not shared.exists():
+        os.symlink(Path(params.data.processed_dir).resolve() / "manifests", shared)
+    f = dataclasses.replace(params.features, n_mels=n_mels, hop_length=merged * params.features.hop_length)
+    return dataclasses.replace(params, features=f, data=dataclasses.replace(params.data, processed_dir=str(proc)),
+                               models=dataclasses.replace(params.models, dir=str(where / "models")))
+
+
+def _stats(summary: dict, name: str, ids: list[str]) -> ClipStats:
+    cfg = next(c for c in summary["configs"] if c["name"] == name)
+    cs = cfg["clip_stats"]
+    pos = {i: k for k, i in enumerate(cs["ids"])}
+    missing = [i for i in ids if i not in pos]
+    if missing:
+        raise LookupError(f"{name} in the decode summary lacks clip {missing[0]}: rerun `dvc repro decode`")
+    sel = [pos[i] for i in ids]
+    return ClipStats(ids, {k: np.asarray(v)[sel] for k, v in cs.items() if k != "ids"})
+
+
+def _cloud_stats(p, cloud, clips: list[dict], lang: str) -> ClipStats:
+    caps = []
+    for i, rec in enumerate(tqdm(clips, desc=f"cloud-only {lang}", unit="clip")):
+        mel = load_clip_features(p.data.processed_dir, rec["id"])[0]
+        caps.append(cloud_only(cloud, mel, lang, Link(p.link, seed=i), p.models.max_new_tokens).caption)
+    s = score_captions(caps, [c["references"] for c in clips], lang, [c.get("emotion") for c in clips])
+    return ClipStats.from_records([c["id"] for c in clips], s.per_caption)
+
+
+def run(candidates: list[tuple[int, int]], n_clips: int, out_root: Path) -> dict:
+    params = load_params()
+    summary = json.loads((ROOT / "reports" / "decode_summary.json").read_text())
+    test = {lang: read_manifest(manifest_path(params.data.processed_dir, "test", lang))[:n_clips]
+            for lang in params.data.languages}
+    rows = []
+    for n_mels, merged in candidates:
+        where = out_root / f"{n_mels}x{merged}"
+        p = _candidate_params(params, n_mels, merged, where)
+        if not (where / "processed" / "featurize_report.json").exists():
+            featurize(p)
+        if not (where / "models" / "cloud").exists():
+            train_captioners(p, roles=("cloud",))
+        cloud = load_role(p, "cloud")
+        row = {"n_mels": n_mels, "hop": merged * params.features.hop_length, "languages": {}}
+        for lang, clips in test.items():
+            ids = [c["id"] for c in clips]
+            edge, logmel = _stats(summary, f"edge-{lang}", ids), _stats(summary, f"cloud-{lang}", ids)
+            cand = _cloud_stats(p, cloud, clips, lang)
+            row["languages"][lang] = {
+                "clips": len(ids),
+                **{k: {"edge": interval(edge, k), "cloud (log-mel)": interval(logmel, k), "cloud": interval(cand, k),
+                       "gap_kept": gap_closed(edge, cand, logmel, k)} for k in KEYS}}
+        rows.append(row)
+        print(json.dumps({"candidate": f"{n_mels}x{merged}", "bleu1": {
+            lang: round(v["bleu1"]["cloud"]["value"], 1) for lang, v in row["languages"].items()}}), flush=True)
+    return {"command": " ".join(["python"] + sys.argv), "clips_per_language": n_clips,
+            "hop_length": params.features.hop_length, "candidates": rows}
+
+
+def _ci(m: dict, d: int = 1) -> str:
+    return f"{m['value']:.{d}f} [{m['ci_low']:.{d}f}, {m['ci_high']:.{d}f}]"
+
+
+def markdown(r: dict) -> str:
+    lines = ["# The quality side of the privacy frontier", "",
+             f"Made by `{r['command']}`: per candidate representation, the embedded cloud trained on it as the "
+             "`train` stage trains the cloud, cloud-only captions of the first "
+             f"{r['clips_per_language']} test clips per language, against the decode sweep's edge-only and "
+             "cloud-only (log-mel sent today) captions of the same clips; 95% intervals, paired over clips. "
+             "What each representation reveals: reports/privacy/privacy.md.", "",
+             "| representation | language | cloud BLEU-1 | edge-to-cloud BLEU-1 gap kept % | cloud emotion hit % | "
+             "emotion-hit gap kept % |", "|---|---|---|---|---|---|"]
+    for c in r["candidates"]:
+        for lang, v in c["languages"].items():
+            cells = []
+            for k in KEYS:
+                g = v[k]["gap_kept"]
+                kept = _ci(g) if g["significant_gap"] else f"{_ci(g)} (gap inside the noise)"
+                cells += [_ci(v[k]["cloud"]), kept]
+            lines.append(f"| log-mel {c['n_mels']} bands, hop {c['hop']} | {lang} | " + " | ".join(cells) + " |")
+    lines += ["", "For reference, on the same clips:", "", "| language | edge BLEU-1 | cloud BLEU-1 (log-mel) | "
+              "edge emotion hit % | cloud emotion hit % (log-mel) |", "|---|---|---|---|---|"]
+    for lang, v in r["candidates"][0]["languages"].items():
+        lines.append(f"| {lang} | {_ci(v['bleu1']['edge'])} | {_ci(v['bleu1']['cloud (log-mel)'])} | "
+                     f"{_ci(v['emotion_hit_rate']['edge'])} | {_ci(v['emotion_hit_rate']['cloud (log-mel)'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--candidates", nargs="+", default=["8x4", "128x8", "4x1"],
+                    help="[mel bands]x[frames merged], from privacy.candidates")
+    ap.add_argument("--clips", type=int, default=100, help="test clips per language")
+    ap.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "out" / "privacy_quality")
+    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "privacy_quality")
+    args = ap.parse_args()
+    cands = [tuple(int(x) for x in c.split("x")) for c in args.candidates]
+    r = run(cands, args.clips, args.work)
+    args.out.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(r))
+    print(markdown(r))
+
+
+if __name__ == "__main__":
+    main()
