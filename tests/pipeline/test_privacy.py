@@ -75,7 +75,7 @@ def test_the_report_says_which_representation_meets_the_target_and_what_binds():
     assert "met by quiet" in met and "| quiet | 100 | 0.200 [0.180, 0.250] | 11.0 [8.0, 14.0] (10 voices) |" in met
     none = render({"clips": 2, "languages": ["en"], "floor": floor, "wires": [today, loud_voice]})
     assert "met by none" in none and "(loud voice)" in none and "What binds is the voice" in none
-    assert "not measured: no cloud trained on it" in none  # a candidate's quality is not claimed
+    assert "not in the pipeline (see below)" in none  # a candidate's quality is not claimed
 
 
 def test_without_train_clips_the_voice_is_not_measured_and_without_test_clips_it_stops(tiny_project, tmp_path):

@@ -34,8 +34,8 @@ def render(r: dict) -> str:
     for w in r["wires"]:
         voice, majority = _voice(w["voice_id"])
         # the log-mel is the cloud's own input: its quality is the decode sweep's cloud row, all of the
-        # edge-to-cloud gap; a candidate's needs a cloud trained on it
-        cloud = "the cloud rows of reports/tables/quality.md" if w["sent"] else "not measured: no cloud trained on it"
+        # edge-to-cloud gap; a candidate's needs a cloud trained on it, which the pipeline does not train
+        cloud = "the cloud rows of reports/tables/quality.md" if w["sent"] else "not in the pipeline (see below)"
         rows.append([w["name"], f"{w['bytes_per_second']:.0f}", _ci(w["stoi"], 3), voice, majority, cloud])
     table = md_table(["representation", "bytes / s of audio", "STOI of rebuilt speech", "voice identified %",
                       "commonest voice %", "the cloud's quality from it"], rows)
@@ -59,7 +59,8 @@ def render(r: dict) -> str:
         "each clip's per-band mean and spread, trained on train clips, tested on every test clip, against always "
         "naming the commonest voice. The cloud's quality from the log-mel, its own input, is the decode sweep's "
         "cloud row (all of the edge-to-cloud gap); from a candidate it needs a cloud trained on that input, which "
-        "is not built.", "",
+        "the pipeline does not train: benchmarks/privacy_quality.py does, for some candidates "
+        "(reports/privacy_quality.md).", "",
         table, "",
         f"Target (rebuilt-speech STOI at most {STOI_TARGET}, the voice named no more often than the commonest "
         f"voice's share): {verdict}", "",
