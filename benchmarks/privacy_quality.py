@@ -23,7 +23,6 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
 from speccap.config import load_params
@@ -35,6 +34,7 @@ from speccap.metrics.bootstrap import ClipStats, gap_closed, interval
 from speccap.metrics.caption import score_captions
 from speccap.models.captioners import train_captioners
 from speccap.models.loading import load_role
+from speccap.pipeline.markdown import interval_text
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("bleu1", "emotion_hit_rate")
@@ -54,13 +54,7 @@ def _candidate_params(params, n_mels: int, merged: int, where: Path):
 
 def _stats(summary: dict, name: str, ids: list[str]) -> ClipStats:
     cfg = next(c for c in summary["configs"] if c["name"] == name)
-    cs = cfg["clip_stats"]
-    pos = {i: k for k, i in enumerate(cs["ids"])}
-    missing = [i for i in ids if i not in pos]
-    if missing:
-        raise LookupError(f"{name} in the decode summary lacks clip {missing[0]}: rerun `dvc repro decode`")
-    sel = [pos[i] for i in ids]
-    return ClipStats(ids, {k: np.asarray(v)[sel] for k, v in cs.items() if k != "ids"})
+    return ClipStats.from_json(cfg["clip_stats"]).subset(ids)
 
 
 def _cloud_stats(p, cloud, clips: list[dict], lang: str) -> ClipStats:
@@ -102,10 +96,6 @@ def run(candidates: list[tuple[int, int]], n_clips: int, out_root: Path) -> dict
             "hop_length": params.features.hop_length, "candidates": rows}
 
 
-def _ci(m: dict, d: int = 1) -> str:
-    return f"{m['value']:.{d}f} [{m['ci_low']:.{d}f}, {m['ci_high']:.{d}f}]"
-
-
 def markdown(r: dict) -> str:
     lines = ["# The quality side of the privacy frontier", "",
              f"Made by `{r['command']}`: per candidate representation, the embedded cloud trained on it as the "
@@ -120,14 +110,14 @@ def markdown(r: dict) -> str:
             cells = []
             for k in KEYS:
                 g = v[k]["gap_kept"]
-                kept = _ci(g) if g["significant_gap"] else f"{_ci(g)} (gap inside the noise)"
-                cells += [_ci(v[k]["cloud"]), kept]
+                kept = interval_text(g) if g["significant_gap"] else f"{interval_text(g)} (gap inside the noise)"
+                cells += [interval_text(v[k]["cloud"]), kept]
             lines.append(f"| log-mel {c['n_mels']} bands, hop {c['hop']} | {lang} | " + " | ".join(cells) + " |")
     lines += ["", "For reference, on the same clips:", "", "| language | edge BLEU-1 | cloud BLEU-1 (log-mel) | "
               "edge emotion hit % | cloud emotion hit % (log-mel) |", "|---|---|---|---|---|"]
     for lang, v in r["candidates"][0]["languages"].items():
-        lines.append(f"| {lang} | {_ci(v['bleu1']['edge'])} | {_ci(v['bleu1']['cloud (log-mel)'])} | "
-                     f"{_ci(v['emotion_hit_rate']['edge'])} | {_ci(v['emotion_hit_rate']['cloud (log-mel)'])} |")
+        lines.append(f"| {lang} | {interval_text(v['bleu1']['edge'])} | {interval_text(v['bleu1']['cloud (log-mel)'])} | "
+                     f"{interval_text(v['emotion_hit_rate']['edge'])} | {interval_text(v['emotion_hit_rate']['cloud (log-mel)'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -7,21 +7,12 @@ same code, so a caption verified over a socket is the caption verified in-proces
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
 from ..models.base import AudioLM
-from .cost import Work
+from .cost import Work, timed
 from .verify import Rule, Verdict
-
-
-def timed(fn, *args, work: Work | None = None):
-    """Run fn(*args); return (output, wall seconds). (`work`: what a charging clock would read.)"""
-    t = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - t
 
 
 class CloudSession:

@@ -90,7 +90,8 @@ class CostModel:
         return cls(data["coef"])
 
 
-def _timed(fn, *args) -> tuple[object, float]:
+def timed(fn, *args, work: Work | None = None):
+    """Run fn(*args); return (output, wall seconds). (`work`: what a charging clock would read.)"""
     t = time.perf_counter()
     out = fn(*args)
     return out, time.perf_counter() - t
@@ -108,7 +109,7 @@ def calibrate(models: dict, clips: list[tuple[np.ndarray, str]], sizes=(1, 2, 4,
         for features, language in clips:
             times = []
             for _ in range(repeats):
-                sess, dt = _timed(lm.start, features, language)
+                sess, dt = timed(lm.start, features, language)
                 times.append(dt)
             samples.append((Work(role, int(features.shape[-1]), 0, prefill=True), statistics.median(times)))
             for _ in range(steps):
@@ -116,7 +117,7 @@ def calibrate(models: dict, clips: list[tuple[np.ndarray, str]], sizes=(1, 2, 4,
                     w = Work(role, n, sess.length)
                     times = []
                     for _ in range(repeats):
-                        _, dt = _timed(sess.extend, (ids * n)[:n])
+                        _, dt = timed(sess.extend, (ids * n)[:n])
                         sess.rollback(n)
                         times.append(dt)
                     samples.append((w, statistics.median(times)))

@@ -119,6 +119,12 @@ def _check_paired(*stats: "ClipStats | Mix") -> None:
                              f"({len(stats[0].ids)} vs {len(s.ids)} clips)")
 
 
+def mean_interval(values, seed: int = 0, resamples: int = RESAMPLES) -> dict:
+    """{value, ci_low, ci_high, n} of the mean of per-clip numbers (not a caption metric)."""
+    v = np.asarray(values, float)
+    return _interval(v.mean(), v[_resamples(len(v), seed, resamples)].mean(1)) | {"n": len(v)}
+
+
 def interval(stats: ClipStats, key: str, seed: int = 0, resamples: int = RESAMPLES) -> dict:
     """{value, ci_low, ci_high} of one method's metric."""
     n = len(stats.ids)

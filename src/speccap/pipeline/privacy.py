@@ -23,7 +23,7 @@ from ..data.audio_io import read_audio
 from ..data.features import log_mel
 from ..data.manifest import manifest_path, read_manifest
 from ..fanout import fan_out
-from ..metrics.bootstrap import LEVEL, RESAMPLES
+from ..metrics.bootstrap import mean_interval
 
 SHIFT_S = 0.2  # the floor: a clip against itself this late (the same voice, the words misaligned)
 GL_ITERS = 64
@@ -75,15 +75,6 @@ def stoi(ref: np.ndarray, deg: np.ndarray, sr: int) -> float:
         return float(_stoi(ref[:n], deg[:n], sr, extended=False))
 
 
-def mean_ci(values, seed: int = 0) -> dict:
-    """The mean with its 95% bootstrap interval over clips."""
-    v = np.asarray(values, float)
-    draws = v[np.random.default_rng(seed).integers(0, len(v), size=(RESAMPLES, len(v)))].mean(1)
-    tail = 100 * (1 - LEVEL) / 2
-    lo, hi = np.percentile(draws, [tail, 100 - tail])
-    return {"value": float(v.mean()), "ci_low": float(lo), "ci_high": float(hi), "n": len(v)}
-
-
 def _score_clip(item: tuple) -> dict:
     """STOI of the speech rebuilt from each wire, and the floor, for one clip (a fan-out task)."""
     clip_id, path, wire_list, sr, n_fft = item
@@ -127,7 +118,7 @@ def voice_id(wire: Wire, train: list[tuple], test: list[tuple], sr: int, n_fft: 
     clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, random_state=seed)).fit(xtr, ytr)
     hits = 100.0 * (clf.predict(xte) == yte)
     _, counts = np.unique(yte, return_counts=True)
-    return {"measured": True, "accuracy": mean_ci(hits, seed), "majority": float(100 * counts.max() / counts.sum()),
+    return {"measured": True, "accuracy": mean_interval(hits, seed), "majority": float(100 * counts.max() / counts.sum()),
             "voices": int(len(counts)), "train_clips": len(ytr), "test_clips": len(yte)}
 
 
@@ -149,10 +140,10 @@ def measure(params: Params, workers: int) -> dict:
     train = _voiced(_split(params, "train", params.privacy.train_clips, required=False), sr)
     test = _voiced(_split(params, "test", 0), sr)  # 0 = every test clip
     out = {"clips": len(per_clip), "languages": list(params.data.languages), "gl_iterations": GL_ITERS,
-           "floor": mean_ci([c["floor"] for c in per_clip], seed), "wires": []}
+           "floor": mean_interval([c["floor"] for c in per_clip], seed), "wires": []}
     for i, w in enumerate(wire_list):
         out["wires"].append({"name": w.name, "n_mels": w.n_mels, "hop": w.hop, "sent": w.sent,
                              "bytes_per_second": w.bytes_per_second(sr),
-                             "stoi": mean_ci([c["stoi"][i] for c in per_clip], seed),
+                             "stoi": mean_interval([c["stoi"][i] for c in per_clip], seed),
                              "voice_id": voice_id(w, train, test, sr, f.n_fft, seed)})
     return out

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .markdown import md_table
+from .markdown import interval_text, md_table
 from .privacy import GL_ITERS, SHIFT_S
 
 STOI_TARGET = 0.3  # at most this: the words are no longer understood
-
-
-def _ci(m: dict, digits: int) -> str:
-    return f"{m['value']:.{digits}f} [{m['ci_low']:.{digits}f}, {m['ci_high']:.{digits}f}]"
 
 
 def target_met(wire: dict) -> bool:
@@ -26,7 +22,7 @@ def target_met(wire: dict) -> bool:
 def _voice(v: dict) -> tuple[str, str]:
     if not v["measured"]:
         return "not measured", "-"
-    return f"{_ci(v['accuracy'], 1)} ({v['voices']} voices)", f"{v['majority']:.1f}"
+    return f"{interval_text(v['accuracy'], 1)} ({v['voices']} voices)", f"{v['majority']:.1f}"
 
 
 def render(r: dict) -> str:
@@ -36,7 +32,7 @@ def render(r: dict) -> str:
         # the log-mel is the cloud's own input: its quality is the decode sweep's cloud row, all of the
         # edge-to-cloud gap; a candidate's needs a cloud trained on it, which the pipeline does not train
         cloud = "the cloud rows of reports/tables/quality.md" if w["sent"] else "not in the pipeline (see below)"
-        rows.append([w["name"], f"{w['bytes_per_second']:.0f}", _ci(w["stoi"], 3), voice, majority, cloud])
+        rows.append([w["name"], f"{w['bytes_per_second']:.0f}", interval_text(w["stoi"], 3), voice, majority, cloud])
     table = md_table(["representation", "bytes / s of audio", "STOI of rebuilt speech", "voice identified %",
                       "commonest voice %", "the cloud's quality from it"], rows)
     best = min(r["wires"], key=lambda w: w["stoi"]["value"])
@@ -47,7 +43,7 @@ def render(r: dict) -> str:
         bv = best["voice_id"]
         named = (f"still leaves the voice identified in {bv['accuracy']['value']:.1f}% of clips against "
                  f"{bv['majority']:.1f}%" if bv["measured"] else "leaves the voice unmeasured")
-        verdict = (f"met by none. The lowest STOI, {_ci(best['stoi'], 3)} ({best['name']}), {named}. What binds "
+        verdict = (f"met by none. The lowest STOI, {interval_text(best['stoi'], 3)} ({best['name']}), {named}. What binds "
                    "is the voice: a coarser log-mel hides the words sooner than the voice, whose spectral balance "
                    "survives in a few bands averaged over a clip (read from the table, not a measured cause).")
     return "\n".join([
@@ -55,7 +51,7 @@ def render(r: dict) -> str:
         f"Written by the `privacy` stage on {r['clips']} test clips ({', '.join(r['languages'])}); 95% bootstrap "
         "intervals over clips. STOI of speech rebuilt from each representation by an attacker who learns nothing "
         f"(mel inversion + Griffin-Lim, {GL_ITERS} iterations); near 0.8 the words are understood. Floor: a clip "
-        f"against itself {SHIFT_S} s late, STOI {_ci(r['floor'], 3)}. Voice identification: logistic regression on "
+        f"against itself {SHIFT_S} s late, STOI {interval_text(r['floor'], 3)}. Voice identification: logistic regression on "
         "each clip's per-band mean and spread, trained on train clips, tested on every test clip, against always "
         "naming the commonest voice. The cloud's quality from the log-mel, its own input, is the decode sweep's "
         "cloud row (all of the edge-to-cloud gap); from a candidate it needs a cloud trained on that input, which "

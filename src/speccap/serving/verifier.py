@@ -16,7 +16,8 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from ..decoding import packets
-from ..decoding.cloud import CloudSession, timed
+from ..decoding.cloud import CloudSession
+from ..decoding.cost import timed
 from ..decoding.decision_head import CSI
 from ..decoding.qs import unpack_block
 from ..decoding.rules import make_rule
