@@ -1,17 +1,17 @@
-"""The quality side of the privacy frontier: a cloud trained on each coarser uplink representation,
-and the share of the edge -> cloud gap it keeps.
+"""The quality side of the privacy frontier: a cloud trained on each candidate uplink, and the share
+of the edge -> cloud gap it keeps.
 
-    python benchmarks/privacy_quality.py [--candidates 8x4 128x8 4x1] [--clips 100]   # where the pipeline ran
+    python benchmarks/privacy_quality.py [--candidates 128x8 16x16c] [--clips 100]   # where the pipeline ran
 
-The `privacy` stage measures what each representation of `privacy.candidates` reveals
+The `privacy` stage measures what each uplink of `privacy.candidates` reveals
 (reports/privacy/privacy.md); what the cloud can still caption from it needs a cloud trained on it.
-For each candidate ([mel bands]x[frames merged]): the clips featurized with that log-mel (in
-benchmarks/out/privacy_quality/<candidate>/, the manifests shared), the embedded cloud trained on
-them exactly as the `train` stage trains it (params `models.cloud`), then cloud-only captions of the
-first `--clips` test clips per language. Against the decode sweep's edge-only and cloud-only
-captions of the same clips (reports/decode_summary.json: the cloud on the log-mel sent today): BLEU-1
-and emotion hit with 95% intervals, and the share of the gap kept, paired over clips. Writes
-reports/privacy_quality.{json,md}.
+For each candidate ([bands]x[frames merged], `c` for clip-normalised: `uplink:` params): the embedded
+cloud trained on that view of the pipeline's features exactly as the `train` stage trains it with
+those `uplink:` params (in benchmarks/out/privacy_quality/<candidate>/, the tokenizer shared), then
+cloud-only captions of the first `--clips` test clips per language, the cloud reading that view.
+Against the decode sweep's edge-only and cloud-only captions of the same clips
+(reports/decode_summary.json: the cloud on the log-mel sent today): BLEU-1 and emotion hit with 95%
+intervals, and the share of the gap kept, paired over clips. Writes reports/privacy_quality.{json,md}.
 """
 
 from __future__ import annotations
@@ -19,37 +19,42 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
+import shutil
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
 from speccap.config import load_params
-from speccap.data.featurize import featurize, load_clip_features
+from speccap.data.featurize import load_clip_features
 from speccap.data.manifest import manifest_path, read_manifest
+from speccap.data.uplink import Uplink
 from speccap.decoding.engine import cloud_only
 from speccap.decoding.link import Link
 from speccap.metrics.bootstrap import ClipStats, gap_closed, interval
 from speccap.metrics.caption import score_captions
 from speccap.models.captioners import train_captioners
 from speccap.models.loading import load_role
+from speccap.params_uplink import UplinkParams
 from speccap.pipeline.markdown import interval_text
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("bleu1", "emotion_hit_rate")
 
 
-def _candidate_params(params, n_mels: int, merged: int, where: Path):
-    """params for one representation: its log-mel, its own features and models folders."""
-    proc = where / "processed"
-    proc.mkdir(parents=True, exist_ok=True)
-    shared = proc / "manifests"
-    if not shared.exists():
-        os.symlink(Path(params.data.processed_dir).resolve() / "manifests", shared)
-    f = dataclasses.replace(params.features, n_mels=n_mels, hop_length=merged * params.features.hop_length)
-    return dataclasses.replace(params, features=f, data=dataclasses.replace(params.data, processed_dir=str(proc)),
-                               models=dataclasses.replace(params.models, dir=str(where / "models")))
+def _candidate_params(params, uplink: UplinkParams, where: Path):
+    """params for one candidate: its uplink, its own models folder with the pipeline's tokenizer."""
+    models = where / "models"
+    if not (models / "tokenizer").exists():
+        shutil.copytree(Path(params.models.dir) / "tokenizer", models / "tokenizer")
+    return dataclasses.replace(params, uplink=uplink, models=dataclasses.replace(params.models, dir=str(models)))
+
+
+def parse_candidate(text: str) -> UplinkParams:
+    """"128x8" -> 128 bands, 8 frames merged; a trailing "c": clip-normalised."""
+    norm = "clip" if text.endswith("c") else "none"
+    bands, merge = (int(x) for x in text.rstrip("c").split("x"))
+    return UplinkParams(bands, merge, norm)
 
 
 def _stats(summary: dict, name: str, ids: list[str]) -> ClipStats:
@@ -66,21 +71,22 @@ def _cloud_stats(p, cloud, clips: list[dict], lang: str) -> ClipStats:
     return ClipStats.from_records([c["id"] for c in clips], s.per_caption)
 
 
-def run(candidates: list[tuple[int, int]], n_clips: int, out_root: Path) -> dict:
+def run(candidates: list[str], n_clips: int, out_root: Path) -> dict:
     params = load_params()
     summary = json.loads((ROOT / "reports" / "decode_summary.json").read_text())
     test = {lang: read_manifest(manifest_path(params.data.processed_dir, "test", lang))[:n_clips]
             for lang in params.data.languages}
     rows = []
-    for n_mels, merged in candidates:
-        where = out_root / f"{n_mels}x{merged}"
-        p = _candidate_params(params, n_mels, merged, where)
-        if not (where / "processed" / "featurize_report.json").exists():
-            featurize(p)
-        if not (where / "models" / "cloud").exists():
+    for name in candidates:
+        uplink = parse_candidate(name)
+        where = out_root / name
+        p = _candidate_params(params, uplink, where)
+        if not (where / "models" / "cloud" / "config.json").exists():
             train_captioners(p, roles=("cloud",))
         cloud = load_role(p, "cloud")
-        row = {"n_mels": n_mels, "hop": merged * params.features.hop_length, "languages": {}}
+        assert cloud.uplink == Uplink.from_params(uplink), f"{where}: a cloud trained on another uplink"
+        row = {"candidate": name, "name": cloud.uplink.name(params.features.n_mels, params.features.hop_length),
+               **uplink.__dict__, "languages": {}}
         for lang, clips in test.items():
             ids = [c["id"] for c in clips]
             edge, logmel = _stats(summary, f"edge-{lang}", ids), _stats(summary, f"cloud-{lang}", ids)
@@ -90,7 +96,7 @@ def run(candidates: list[tuple[int, int]], n_clips: int, out_root: Path) -> dict
                 **{k: {"edge": interval(edge, k), "cloud (log-mel)": interval(logmel, k), "cloud": interval(cand, k),
                        "gap_kept": gap_closed(edge, cand, logmel, k)} for k in KEYS}}
         rows.append(row)
-        print(json.dumps({"candidate": f"{n_mels}x{merged}", "bleu1": {
+        print(json.dumps({"candidate": name, "bleu1": {
             lang: round(v["bleu1"]["cloud"]["value"], 1) for lang, v in row["languages"].items()}}), flush=True)
     return {"command": " ".join(["python"] + sys.argv), "clips_per_language": n_clips,
             "hop_length": params.features.hop_length, "candidates": rows}
@@ -98,8 +104,8 @@ def run(candidates: list[tuple[int, int]], n_clips: int, out_root: Path) -> dict
 
 def markdown(r: dict) -> str:
     lines = ["# The quality side of the privacy frontier", "",
-             f"Made by `{r['command']}`: per candidate representation, the embedded cloud trained on it as the "
-             "`train` stage trains the cloud, cloud-only captions of the first "
+             f"Made by `{r['command']}`: per candidate uplink (speccap.data.uplink), the embedded cloud trained on it "
+             "as the `train` stage trains the cloud with those `uplink:` params, cloud-only captions of the first "
              f"{r['clips_per_language']} test clips per language, against the decode sweep's edge-only and "
              "cloud-only (log-mel sent today) captions of the same clips; 95% intervals, paired over clips. "
              "What each representation reveals: reports/privacy/privacy.md.", "",
@@ -112,7 +118,7 @@ def markdown(r: dict) -> str:
                 g = v[k]["gap_kept"]
                 kept = interval_text(g) if g["significant_gap"] else f"{interval_text(g)} (gap inside the noise)"
                 cells += [interval_text(v[k]["cloud"]), kept]
-            lines.append(f"| log-mel {c['n_mels']} bands, hop {c['hop']} | {lang} | " + " | ".join(cells) + " |")
+            lines.append(f"| {c['name']} | {lang} | " + " | ".join(cells) + " |")
     lines += ["", "For reference, on the same clips:", "", "| language | edge BLEU-1 | cloud BLEU-1 (log-mel) | "
               "edge emotion hit % | cloud emotion hit % (log-mel) |", "|---|---|---|---|---|"]
     for lang, v in r["candidates"][0]["languages"].items():
@@ -123,14 +129,13 @@ def markdown(r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--candidates", nargs="+", default=["8x4", "128x8", "4x1"],
-                    help="[mel bands]x[frames merged], from privacy.candidates")
+    ap.add_argument("--candidates", nargs="+", default=["128x8", "8x1c", "128x8c", "16x16c"],
+                    help="[bands]x[frames merged], c: clip-normalised (uplink: params)")
     ap.add_argument("--clips", type=int, default=100, help="test clips per language")
     ap.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "out" / "privacy_quality")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "privacy_quality")
     args = ap.parse_args()
-    cands = [tuple(int(x) for x in c.split("x")) for c in args.candidates]
-    r = run(cands, args.clips, args.work)
+    r = run(args.candidates, args.clips, args.work)
     args.out.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(r))
     print(markdown(r))

@@ -1,6 +1,6 @@
 """DVC stage `privacy`: what the uplink reveals about the speech, as a Prefect flow.
 
-For the log-mel the edge sends and the coarser candidates of `privacy.candidates`: speech rebuilt
+For what the edge sends (`uplink:`) and the candidates of `privacy.candidates`: speech rebuilt
 from each (STOI against the original) and the voice named from each. Writes reports/privacy/ and
 logs one MLflow run per representation in the "<experiment>-privacy" experiment.
 """
@@ -28,6 +28,7 @@ def _metrics(w: dict) -> dict:
             m |= {name: ci["value"], f"{name}_ci_low": ci["ci_low"], f"{name}_ci_high": ci["ci_high"]}
     if w["voice_id"]["measured"]:
         m["commonest_voice"] = w["voice_id"]["majority"]
+        m |= {f"voice_id_{k.replace(' ', '_')}": v for k, v in w["voice_id"]["accuracy_by_attacker"].items()}
     return m
 
 
@@ -43,9 +44,10 @@ def privacy_flow(params_path: str | None = None) -> dict:
     key = f"privacy-{params.privacy.clips}-{params.privacy.train_clips}"
     with tracker.sweep(key, {"privacy": params.privacy.__dict__}, {"sweep_key": key, "stage": "privacy"}) as parent:
         for w in result["wires"]:
-            tracker.log_config(parent, f"{key}-{w['n_mels']}-{w['hop']}", w["name"],
-                               {"representation": w["name"], "n_mels": w["n_mels"], "hop": w["hop"],
-                                "sent_today": w["sent"]}, _metrics(w))
+            tracker.log_config(parent, f"{key}-{w['rows']}-{w['merge']}-{w['normalize']}", w["name"],
+                               {"representation": w["name"], "bands": w["rows"], "merge": w["merge"],
+                                "normalize": w["normalize"], "hop": w["hop"] * w["merge"], "sent_today": w["sent"]},
+                               _metrics(w))
         tracker.log_artifacts(parent, [OUT / "privacy.md", OUT / "privacy.png", OUT / "privacy.json"])
     return {"clips": result["clips"], "stoi": {w["name"]: round(w["stoi"]["value"], 3) for w in result["wires"]},
             "target_met": [w["name"] for w in result["wires"] if target_met(w)]}

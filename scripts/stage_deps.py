@@ -27,7 +27,8 @@ PACKAGES = {"speccap": Path("src/speccap"), "flows": Path("flows")}
 NOT_RESULTS = {f"src/{m.replace('.', '/')}.py": why for m, why in PARAMS_NOT_RESULTS.items()}
 # Stages whose command is not a flow module: their code deps are listed here.
 BY_HAND = {"resolve": ["src/speccap/config.py", "src/speccap/params_schema.py", "src/speccap/params_types.py",
-                       "src/speccap/params_cluster.py", "src/speccap/stage_params.py"]}
+                       "src/speccap/params_cluster.py", "src/speccap/params_uplink.py",
+                       "src/speccap/stage_params.py"]}
 CODE_PREFIXES = ("src/", "flows/")
 
 

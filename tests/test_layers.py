@@ -12,7 +12,7 @@ stage_deps = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(stage_deps)
 
 # lower number = lower layer; a module may import its own package and any lower layer
-LAYERS = {"config": 0, "params_schema": 0, "params_types": 0, "params_cluster": 0, "stage_params": 0, "params_reads": 0,
+LAYERS = {"config": 0, "params_schema": 0, "params_types": 0, "params_cluster": 0, "params_uplink": 0, "stage_params": 0, "params_reads": 0,
           "fanout": 0, "numba_cache": 0, "kernels": 0, "run_views": 0, "speccap": 0,
           "data": 1, "models": 2, "metrics": 2, "decoding": 3, "gating": 4, "serving": 4, "pipeline": 5,
           "tracking": 5, "preflight": 6, "cli": 6, "flows": 7}

@@ -90,6 +90,13 @@ def _validate(p: Params) -> None:
         if r.size.text_hidden % r.size.text_heads or r.size.text_heads % r.size.text_kv_heads:
             raise ConfigError(f"params keys models.{role}.size: text_hidden must divide by text_heads, "
                               "and text_heads by text_kv_heads")
+    u = p.uplink
+    if (u.bands is not None or u.merge > 1 or u.normalize != "none") and m.cloud.backend != "embedded":
+        raise ConfigError(f"params key uplink: a {m.cloud.backend} cloud checkpoint reads the plain log-mel; a coarser "
+                          "uplink needs a cloud trained on it (models.cloud.backend embedded), or uplink's defaults")
+    if u.bands is not None and u.bands > p.features.n_mels:
+        raise ConfigError(f"params key uplink.bands: {u.bands} is more than the features' {p.features.n_mels} mel "
+                          "bands (features.n_mels)")
     if p.decode.rule in ("spec_sampling", "qs", "sq") and p.decode.temperature <= 0:
         raise ConfigError(f"params key decode.temperature: {p.decode.rule} needs sampling (temperature > 0)")
     if p.features.n_fft < p.features.hop_length:

@@ -37,6 +37,7 @@ from .params_types import (
     VerifyName,
     params_class,
 )
+from .params_uplink import PrivacyParams, UplinkParams
 
 
 @params_class
@@ -356,14 +357,6 @@ class WisvParams:
 
 
 @params_class
-class PrivacyParams:
-    clips: Count = 40  # test clips per language whose speech is rebuilt from each representation (the cost)
-    train_clips: Count = 400  # train clips per language the voice classifier learns from
-    # coarser log-mels measured beside the one the edge sends: [mel bands, frames merged into one]
-    candidates: tuple[tuple[Count, Count], ...] = ((32, 1), (8, 1), (4, 1), (128, 4), (128, 8), (8, 4))
-
-
-@params_class
 class TrackingParams:
     # sqlite:///mlflow.db = a SQLite store at the project root (one store for every DVC experiment
     # copy); any MLflow URI works (http://host:5000); $MLFLOW_TRACKING_URI wins over this.
@@ -389,4 +382,5 @@ class Params:
     qs: QSParams = field(default_factory=QSParams)
     wisv: WisvParams = field(default_factory=WisvParams)
     privacy: PrivacyParams = field(default_factory=PrivacyParams)
+    uplink: UplinkParams = field(default_factory=UplinkParams)
     cluster: ClusterParams = field(default_factory=ClusterParams)

@@ -31,5 +31,6 @@ ScoreGate = Literal["entropy", "margin", "logprob"]  # the gates that score a bl
 Method = Literal["edge", "cloud", "ugsd"]
 GateKind = Literal["logistic", "lightgbm", "mlp"]  # classifiers of the learned token gates
 GateTarget = Literal["gain", "mismatch", "critical"]
+Normalize = Literal["none", "clip"]  # what speccap.data.uplink removes from each band
 VerifyName = Literal["alone", "pending"]  # what goes up with a token a token-level gate flags
 params_class = _pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))

@@ -33,7 +33,7 @@ HEADLINE = {
     "wisv": {"params": ["language", "gate", "block_len", "link", "rule"],
              "metrics": [*_QUALITY, "ttft", "otps", "val_auc"]},
     # what an eavesdropper rebuilds from each uplink representation
-    "privacy": {"params": ["representation", "n_mels", "hop"],
+    "privacy": {"params": ["representation", "bands", "merge", "normalize", "hop"],
                 "metrics": ["stoi", "stoi_ci_low", "stoi_ci_high", "voice_id", "voice_id_ci_low", "voice_id_ci_high",
                             "commonest_voice", "bytes_per_second"]},
 }

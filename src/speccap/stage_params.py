@@ -27,7 +27,7 @@ _WISV_RULE = ("wisv.tau", "wisv.protocol", "wisv.max_rank")  # what a wisv-rule 
 STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "prepare": ("seed", "data"),
     "featurize": ("features", "data.max_clip_seconds", "data.languages"),
-    "train": ("seed", "models", "features", "data.languages"),
+    "train": ("seed", "models", "features", "uplink", "data.languages"),
     "decode": ("seed", "decode", "link", "sweep", "qs", *_MODELS, *_WISV_RULE, "wisv.channels", "data.source",
                "data.languages", "tracking.experiment"),
     "report": ("decode", "link", "sweep.detail_clips", "data.languages", "tracking.experiment"),
@@ -55,7 +55,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "wisv_eval": ("seed", "wisv", "decode.rank", "decode.temperature", "decode.edge_time_scale",
                   "decode.cloud_time_scale", "decode.cost", "link", *_CROSS_FIT, "sweep.workers", "sweep.threads", *_MODELS,
                   "data.languages", "tracking.experiment"),
-    "privacy": ("seed", "privacy", "features", "data.languages", "tracking.experiment"),
+    "privacy": ("seed", "privacy", "uplink", "features", "data.languages", "tracking.experiment"),
 }
 
 

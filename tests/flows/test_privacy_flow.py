@@ -13,13 +13,15 @@ from .views import check_view
 
 
 def test_privacy_flow_reports_each_representation(own_project, tmp_path):
-    _, raw, pfile = own_project("privacy-test", privacy={"clips": 2, "train_clips": 4, "candidates": [[8, 4]]})
+    _, raw, pfile = own_project("privacy-test", privacy={
+        "clips": 2, "train_clips": 4, "candidates": [{"bands": 8, "merge": 4}, {"bands": 8, "merge": 4, "normalize": "clip"}]})
     out = privacy_flow(str(pfile))
     r = json.loads(Path("reports/privacy/privacy.json").read_text())
     assert out["clips"] == r["clips"] == 4  # 2 per language
     assert [w["name"] for w in r["wires"]] == ["log-mel 128 bands, hop 320 (what the edge sends)",
-                                               "log-mel 8 bands, hop 1280"]
-    today, coarse = r["wires"]
+                                               "log-mel 8 bands, hop 1280", "log-mel 8 bands, hop 1280, clip-normalised"]
+    today, coarse, normalised = r["wires"]
+    assert normalised["voice_id"]["attacker"] in ("clip statistics", "frames")
     assert today["stoi"]["value"] > coarse["stoi"]["value"] > r["floor"]["value"]
     for w in r["wires"]:
         assert w["stoi"]["ci_low"] <= w["stoi"]["value"] <= w["stoi"]["ci_high"]
@@ -28,7 +30,8 @@ def test_privacy_flow_reports_each_representation(own_project, tmp_path):
     assert Path("reports/privacy/privacy.png").stat().st_size > 5000
     tracker = Tracker(raw["tracking"]["uri"], "privacy-test-privacy")  # the privacy experiment
     rows = [x for x in tracker.runs() if "config_id" in x["tags"]]
-    assert sorted(x["params"]["hop"] for x in rows) == ["1280", "320"]
+    assert sorted((x["params"]["hop"], x["params"]["normalize"]) for x in rows) == [
+        ("1280", "clip"), ("1280", "none"), ("320", "none")]
     sent = next(x for x in rows if x["params"]["sent_today"] == "True")
     assert sent["metrics"]["stoi"] == pytest.approx(today["stoi"]["value"])
     check_view(tracker, "privacy")

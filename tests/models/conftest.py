@@ -19,11 +19,11 @@ def tiny_tokenizer():
     return train_tokenizer(TEXTS, VOCAB)
 
 
-def tiny_lm(family: str, seed: int = 0, vocab: int = VOCAB) -> ThinkerLM:
-    """A tiny thinker of the real class with a real (tiny) BPE tokenizer."""
+def tiny_lm(family: str, seed: int = 0, vocab: int = VOCAB, n_mels: int = 128) -> ThinkerLM:
+    """A tiny thinker of the real class with a real (tiny) BPE tokenizer, reading `n_mels` bands."""
     tok = tiny_tokenizer()
     special = special_ids(tok)
-    model = build_model(family, vocab, TINY, special, seed=seed)
+    model = build_model(family, vocab, TINY, special, n_mels, seed=seed)
     en, zh = tok.convert_tokens_to_ids("<|en|>"), tok.convert_tokens_to_ids("<|zh|>")
     return ThinkerLM(model, tok, PromptTemplate(prefix={"en": [12, 13]}, suffix={"en": [en], "zh": [zh]}),
                      special.eos, family)

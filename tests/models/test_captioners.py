@@ -105,3 +105,54 @@ def test_training_examples_carry_every_auxiliary_label_of_a_synthetic_clip(tiny_
         assert EMOTIONS[e.emotion] == rec["emotion"]
         assert e.sentence == sentence_index(rec["cues"]["text_en"]) >= 0
         assert e.cues is not None and e.cues == cue_vector(rec["cues"])
+
+
+def test_a_cloud_trained_on_a_coarse_uplink_reads_what_the_edge_sends(tiny_project, tmp_path, capsys):
+    """uplink params: the cloud trains on the pooled, normalised view, says so beside its weights,
+    and every caption path gives it that view (the edge keeps reading its own log-mel)."""
+    import dataclasses
+    import shutil
+
+    import numpy as np
+    import yaml
+
+    from speccap.data.uplink import Uplink
+    from speccap.decoding.engine import cloud_only
+    from speccap.decoding.link import Link
+    from speccap.models.captioners import train_captioners
+    from speccap.params_uplink import UplinkParams
+    params, _, params_file = tiny_project
+    models = tmp_path / "models"
+    shutil.copytree(params.models.dir, models)  # the tokenizer and the edge as trained
+    coarse = dataclasses.replace(params, uplink=UplinkParams(16, 4, "clip"),
+                                 models=dataclasses.replace(params.models, dir=str(models)))
+    report = train_captioners(coarse, progress=False, roles=("cloud",))
+    assert report["cloud"]["uplink"] == {"bands": 16, "merge": 4, "normalize": "clip"}
+    cloud, edge = load_role(coarse, "cloud"), load_role(coarse, "edge")
+    assert cloud.uplink == Uplink(16, 4, "clip") and edge.uplink.identity
+    assert cloud.model.config.audio_config.num_mel_bins == 16
+    rec = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]
+    mel, _ = load_clip_features(params.data.processed_dir, rec["id"])
+    up = [p["bytes"] for p in cloud_only(cloud, mel, "en", Link(params.link), 4).packets if p["kind"] == "features"]
+    assert up == [12 + 8 + 2 * 16 * -(-mel.shape[1] // 4)]  # header, shape, float16 values
+    # the plain log-mel is not what this cloud reads: its audio tower refuses 128 bands
+    try:
+        cloud.start(mel, "en")
+        raise AssertionError("a 16-band cloud took 128 bands")
+    except RuntimeError:
+        pass
+    # a later training on the log-mel leaves no stale uplink behind
+    train_captioners(dataclasses.replace(coarse, uplink=UplinkParams()), progress=False, roles=("cloud",))
+    assert load_role(coarse, "cloud").uplink.identity and not (models / "cloud" / "uplink.json").exists()
+    train_captioners(coarse, progress=False, roles=("cloud",))
+    raw = yaml.safe_load(params_file.read_text())
+    raw["models"]["dir"], raw["uplink"] = str(models), {"bands": 16, "merge": 4, "normalize": "clip"}
+    coarse_file = tmp_path / "params.yaml"
+    coarse_file.write_text(yaml.safe_dump(raw))
+    wav = rec["path"]
+    assert main(["--params", str(coarse_file), "caption", wav, "--mode", "ugsd", "--gate", "always",
+                 "--block-len", "3", "--rule", "greedy", "--json"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main(["--params", str(coarse_file), "caption", wav, "--mode", "cloud", "--json"]) == 0
+    assert spec["caption"] == json.loads(capsys.readouterr().out)["caption"]  # always + greedy = cloud-only
+    assert np.isfinite(spec["bytes_up"]) and spec["bytes_up"] < 2 * 128 * mel.shape[1]

@@ -6,7 +6,8 @@ import pytest
 from speccap.config import params_from_dict
 from speccap.data.audio_io import read_audio
 from speccap.data.manifest import manifest_path, read_manifest
-from speccap.pipeline.privacy import SHIFT_S, Wire, rebuild, stoi, voice_id, wires
+from speccap.data.uplink import Uplink
+from speccap.pipeline.privacy import SHIFT_S, Wire, clip_statistics, levels, rebuild, stoi, voice_id, wires
 from speccap.pipeline.privacy_report import render, target_met
 
 SR, N_FFT = 16000, 400
@@ -19,24 +20,35 @@ def speech(tiny_project):
     return read_audio(rec["path"], target_sr=SR).samples
 
 
+def _rebuilt(speech, wire, prior=None):
+    mel = wire.log_mel(speech, SR, N_FFT)
+    return stoi(speech, rebuild(wire.view(mel), wire, mel.shape[1], SR, N_FFT, prior), SR)
+
+
 def test_speech_rebuilt_from_the_log_mel_is_intelligible_and_coarser_wires_reveal_less(speech):
-    sent, coarse = Wire(128, 320, sent=True), Wire(128, 2560)
-    full = stoi(speech, rebuild(sent.encode(speech, SR, N_FFT), sent, SR, N_FFT), SR)
+    sent, coarse = Wire(Uplink(), 128, 320, sent=True), Wire(Uplink(128, 8), 128, 320)
+    full, less = _rebuilt(speech, sent), _rebuilt(speech, coarse)
     late = stoi(speech, np.concatenate([np.zeros(int(SHIFT_S * SR), np.float32), speech])[: len(speech)], SR)
-    less = stoi(speech, rebuild(coarse.encode(speech, SR, N_FFT), coarse, SR, N_FFT), SR)
     assert full > 0.6 and late < 0.3  # the words come back from what the edge sends; the floor does not
     assert late < less < full
+    # a normalised view, scaled back by typical levels, still rebuilds to the words' rhythm
+    normalised = Wire(Uplink(128, 8, "clip"), 128, 320)
+    prior = levels([normalised.unnormalised().view(normalised.log_mel(speech, SR, N_FFT))])
+    assert late < _rebuilt(speech, normalised, prior) < full
 
 
-def test_a_wire_is_float16_at_its_rate_and_the_params_list_today_first():
+def test_a_wire_is_float16_at_its_rate_and_the_params_list_what_is_sent_first():
     x = np.random.default_rng(0).standard_normal(SR).astype(np.float32)
-    rep = Wire(32, 320).encode(x, SR, N_FFT)
-    assert rep.dtype == np.float16 and rep.shape == (32, SR // 320)
-    assert rep.nbytes == Wire(32, 320).bytes_per_second(SR)  # one second of audio
-    params = params_from_dict({"features": {"hop_length": 320}, "privacy": {"candidates": [[8, 4]]}})
-    assert wires(params) == [Wire(128, 320, sent=True), Wire(8, 1280)]
+    w = Wire(Uplink(32), 128, 320)
+    rep = w.encode(x, SR, N_FFT)
+    assert rep.dtype == np.float32 and rep.shape == (32, SR // 320)
+    assert np.array_equal(rep, rep.astype(np.float16)) and 2 * rep.size == w.bytes_per_second(SR)  # 1 s of audio
+    params = params_from_dict({"features": {"hop_length": 320}, "uplink": {"bands": 8, "merge": 4},
+                               "privacy": {"candidates": [{"bands": 8, "merge": 4}, {"bands": 16, "normalize": "clip"}]}})
+    assert wires(params) == [Wire(Uplink(8, 4), 128, 320, sent=True), Wire(Uplink(16, 1, "clip"), 128, 320)]
+    assert wires(params)[0].name == "log-mel 8 bands, hop 1280 (what the edge sends)"
     with pytest.raises(Exception, match="candidates"):
-        params_from_dict({"privacy": {"candidates": [[0, 1]]}})
+        params_from_dict({"privacy": {"candidates": [{"bands": 0}]}})
 
 
 def _voice(kind: str, seed: int) -> np.ndarray:
@@ -51,10 +63,18 @@ def _voice(kind: str, seed: int) -> np.ndarray:
 def test_voice_identification_against_the_commonest_voice_and_not_without_two_voices():
     train = [(k, _voice(k, i)) for i in range(6) for k in ("low", "high")]
     test = [(k, _voice(k, 100 + i)) for i in range(3) for k in ("low", "high")] + [("low", _voice("low", 200))]
-    v = voice_id(Wire(32, 320), train, test, SR, N_FFT, seed=0)
+    w = Wire(Uplink(32), 128, 320)
+    views = lambda clips: [(k, w.encode(x, SR, N_FFT)) for k, x in clips]  # noqa: E731
+    v = voice_id(views(train), views(test), seed=0)
     assert v["measured"] and v["accuracy"]["value"] == 100.0 and v["voices"] == 2
-    assert v["majority"] == pytest.approx(100 * 4 / 7)
-    one = voice_id(Wire(32, 320), [t for t in train if t[0] == "low"], test, SR, N_FFT, seed=0)
+    assert v["majority"] == pytest.approx(100 * 4 / 7) and set(v["accuracy_by_attacker"]) == {"clip statistics", "frames"}
+    # normalising each band over the clip hides the level and spread, not the statistics beyond them
+    n = Wire(Uplink(32, 1, "clip"), 128, 320)
+    normed = voice_id([(k, n.encode(x, SR, N_FFT)) for k, x in train], [(k, n.encode(x, SR, N_FFT)) for k, x in test], 0)
+    assert normed["accuracy_by_attacker"]["clip statistics"] > normed["majority"]
+    stats = clip_statistics(n.encode(train[0][1], SR, N_FFT))
+    assert stats.shape == (5 * 32,) and np.abs(stats[:32]).max() < 1e-2  # levels: gone
+    one = voice_id([t for t in views(train) if t[0] == "low"], views(test), seed=0)
     assert not one["measured"] and "speaker" in one["why"]
 
 
@@ -74,7 +94,10 @@ def test_the_report_says_which_representation_meets_the_target_and_what_binds():
     met = render({"clips": 2, "languages": ["en"], "floor": floor, "wires": [today, quiet]})
     assert "met by quiet" in met and "| quiet | 100 | 0.200 [0.180, 0.250] | 11.0 [8.0, 14.0] (10 voices) |" in met
     none = render({"clips": 2, "languages": ["en"], "floor": floor, "wires": [today, loud_voice]})
-    assert "met by none" in none and "(loud voice)" in none and "What binds is the voice" in none
+    assert "met by none" in none and "loud voice rebuilds to STOI 0.200" in none and "the voice binds" in none
+    loud_words = _wire("loud words", (0.5, 0.45, 0.55), (9, 7, 12))
+    words = render({"clips": 2, "languages": ["en"], "floor": floor, "wires": [today, loud_words]})
+    assert "the words bind first" in words and "(loud words)" in words
     assert "not in the pipeline (see below)" in none  # a candidate's quality is not claimed
 
 
@@ -96,3 +119,16 @@ def test_without_train_clips_the_voice_is_not_measured_and_without_test_clips_it
     manifest_path(proc, "test", "zh").unlink()
     with pytest.raises(FileNotFoundError, match=r"no test manifest for zh at .*dvc repro prepare"):
         measure(p, workers=0)
+
+
+def test_what_a_correct_caption_says_of_the_speaker_names_the_voice_this_often():
+    from speccap.pipeline.privacy import named_by_the_caption
+    recs = [{"speaker": s, "gender": g, "speech_language": "en"} for s, g in
+            [("a", "male")] * 3 + [("b", "male")] + [("c", "female")] * 2 + [("d", "female")] * 2]
+    got = named_by_the_caption(recs + [{"speaker": "e"}])  # a clip without gender does not count
+    assert got == {"measured": True, "accuracy": 100.0 * (3 + 2) / 8, "groups": 2}
+    assert not named_by_the_caption([{"speaker": "a"}])["measured"]
+    floor = {"value": 0.05, "ci_low": 0.04, "ci_high": 0.06}
+    md = render({"clips": 2, "languages": ["en"], "floor": floor, "named_by_the_caption": got,
+                 "wires": [_wire("today", (0.8, 0.78, 0.82), (90, 88, 92), sent=True)]})
+    assert "names the voice in 62.5% of test clips" in md

@@ -4,9 +4,11 @@ import copy
 
 import pytest
 
+from speccap.data.uplink import Uplink
 from speccap.decoding.engine import edge_only, speculative
 from speccap.serving.edge import caption_remote, check_compatible
 
+from ..models.conftest import tiny_lm
 from .conftest import Fixed, UGSDAdaptive, link, settings
 
 CASES = [
@@ -88,3 +90,28 @@ def test_client_side_link_emulation_waits_the_link_models_time(pair, clips, serv
     # the emulated delays were really waited, on top of the socket's own time
     assert slowed.wall_time >= plain.wall_time + 0.9 * predicted
     assert slowed.total_time == pytest.approx(slowed.edge_compute + slowed.network["net_rtt"] + predicted, rel=0.05)
+
+
+def test_a_cloud_on_a_coarse_uplink_gets_the_same_view_over_the_network(pair, clips, serve, client_for):
+    """The served cloud's /v1/info names its uplink; the edge sends that view of the clip (16 pooled,
+    clip-normalised bands, 3 frames merged, float16) and the captions, rounds and bytes equal the
+    in-process loop's, whose cloud reads the same view. The plain log-mel is refused by name."""
+    edge = pair[0]
+    cloud = tiny_lm("qwen2_5_omni", seed=2, n_mels=16)
+    cloud.uplink = Uplink(16, 3, "clip")
+    client = client_for(serve(lm=cloud))
+    info = client.info()
+    assert info["uplink"] == {"bands": 16, "merge": 3, "normalize": "clip"} and info["n_mels"] == 16
+    for case in CASES[:3]:
+        for _, mel in clips:
+            ref = speculative(edge, cloud, mel, "en", settings(**copy.deepcopy(case)), link())
+            got = caption_remote(edge, client, info, mel, "en", settings(**copy.deepcopy(case)), link())
+            assert got.token_ids == ref.token_ids and got.rounds == ref.rounds and got.rounds > 0
+            assert _packets(got) == _packets(ref)
+            wire = cloud.uplink.encode(mel)
+            assert wire.shape == (16, -(-mel.shape[1] // 3))
+            sent = [p["bytes"] for p in got.packets if p["kind"] == "features"]
+            assert sent == [12 + 16 + 12 + 8 + 2 * wire.size]  # OPEN + FEATURES headers, float16 values
+            assert [p["bytes"] for p in ref.packets if p["kind"] == "features"] == [12 + 8 + 2 * wire.size]
+    plain = caption_remote(edge, client, {**info, "uplink": {}}, clips[0][1], "en", settings(), link())
+    assert plain.network["fallback"] > 0 and "128 mel bands, the model takes 16" in plain.network["fallback_reasons"][0]

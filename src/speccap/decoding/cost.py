@@ -106,7 +106,8 @@ def calibrate(models: dict, clips: list[tuple[np.ndarray, str]], sizes=(1, 2, 4,
     samples: list[tuple[Work, float]] = []
     for role, lm in models.items():
         ids = [t for t in range(10, 10 + step_len) if t != lm.eos_token_id]
-        for features, language in clips:
+        for mel, language in clips:
+            features = lm.wire(mel)  # what this model reads (a cloud: what the edge sends it)
             times = []
             for _ in range(repeats):
                 sess, dt = timed(lm.start, features, language)

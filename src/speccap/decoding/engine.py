@@ -54,6 +54,7 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
     clock = Clock(cost)
     wall0 = time.perf_counter()
     bits = packets.id_bits(lm.vocab_size)
+    features = lm.wire(features)  # what the model reads: for a cloud, what the edge sends it
     with ResourceMonitor() as mon:
         if link is not None:
             up = packets.features_packet(1, features, language)

@@ -155,8 +155,9 @@ class CloudHalf:
     `cloud_cache` its KV cache persists across rounds; without, audio and prefix are re-encoded."""
 
     def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, clock: Clock, rec: CaptionRecord):
-        self.s, self.clock, self.rec, self.features, self.language = s, clock, rec, features, language
-        self.session = CloudSession(lm, features, language, s.rule, s.seed, s.cloud_cache)
+        self.s, self.clock, self.rec, self.language = s, clock, rec, language
+        self.features = lm.wire(features)  # what the edge sends for the clip's log-mel `features`
+        self.session = CloudSession(lm, self.features, language, s.rule, s.seed, s.cloud_cache)
         self.session.keep_hidden |= s.trace_hidden
         self.synced = 0  # committed caption tokens the cloud's cache holds
         # WISV: the caption's mismatches / examined tokens so far (the `auto` protocol's estimate)

@@ -207,7 +207,7 @@ class _Loop:
         t = self.clock.virtual
         if not self.features_sent:
             seconds = account(rec, self.link, "up", "features",
-                               packets.features_packet(self.session_id, self.features, self.language))
+                               packets.features_packet(self.session_id, self.cl.features, self.language))
             self.up.send(t, seconds)  # the verify packet queues behind it
             self.features_sent = True
         payload = packets.pipelined_packet(self.session_id, self.seq, self.epoch, sync, block.tokens, guess, self.bits)

@@ -129,7 +129,7 @@ def shadow_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str
     dim = int(block.context[0].shape[-1]) if block.context else 0
     x = token_rows(block, dim, eos)
     # the cloud's view of every edge draft, from one forward over the caption
-    csess = cloud.start(mel, language)
+    csess = cloud.start(cloud.wire(mel), language)
     rows, cloud_states = [csess.prefill_logits], None
     if len(block) > 1:
         out = csess.extend(path[: len(block) - 1], True)

@@ -57,7 +57,7 @@ def quality(caption: str, references: list[str], language: str) -> float:
 
 def finish(lm: AudioLM, mel: np.ndarray, language: str, prefix: list[int], max_new_tokens: int) -> list[int]:
     """The caption `lm` writes greedily after `prefix` (prefix included)."""
-    sess = lm.start(mel, language)
+    sess = lm.start(lm.wire(mel), language)
     ids = list(prefix)
     logits = sess.extend(ids).logits[-1] if ids else sess.prefill_logits
     while len(ids) < max_new_tokens:

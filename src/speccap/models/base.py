@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..data.uplink import Uplink
+
 
 @dataclass
 class StepOutput:
@@ -49,6 +51,9 @@ class Session(ABC):
 class AudioLM(ABC):
     name: str
     vocab_limit: int | None = None  # truncate logits to the vocabulary an edge/cloud pair shares
+    # what this model reads in place of the clip's log-mel, computed on the edge (a cloud trained on a
+    # coarser uplink carries it from its checkpoint; every other model reads the log-mel itself)
+    uplink: Uplink = Uplink()
 
     @property
     @abstractmethod
@@ -79,6 +84,10 @@ class AudioLM(ABC):
     def start(self, features: np.ndarray, language: str, hidden: bool = False) -> Session:
         """Prefill audio features (n_mels, frames) and the prompt for `language`; with `hidden`, keep
         the last-layer state at the prompt's last position (`prefill_hidden`)."""
+
+    def wire(self, features: np.ndarray) -> np.ndarray:
+        """What the edge sends this model for a clip's log-mel: the input of `start`."""
+        return self.uplink.encode(features)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

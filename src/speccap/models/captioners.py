@@ -13,10 +13,11 @@ from ..data.emotions import EMOTIONS
 from ..data.featurize import load_clip_features
 from ..data.manifest import manifest_path, read_manifest
 from ..data.sentences import sentence_index
+from ..data.uplink import Uplink
 from ..fanout import fan_out
 from .aux_targets import cue_vector
 from .configs import build_model
-from .loading import embedded_prompt
+from .loading import UPLINK_FILE, embedded_prompt
 from .thinker import ThinkerLM
 from .tokenizer import load_tokenizer, save_tokenizer, special_ids, train_tokenizer
 from .train import Example, fingerprint, train_captioner
@@ -24,8 +25,12 @@ from .train import Example, fingerprint, train_captioner
 ROLES = ("edge", "cloud")
 
 
-def load_examples(params: Params, split: str, tokenizer) -> list[Example]:
-    """Clips of `split` in every caption language, with features and tokenized references."""
+LOG_MEL = Uplink()  # the view the edge reads itself
+
+
+def load_examples(params: Params, split: str, tokenizer, uplink: Uplink = LOG_MEL) -> list[Example]:
+    """Clips of `split` in every caption language, with features (as `uplink` sends them) and
+    tokenized references."""
     processed = params.data.processed_dir
     out = []
     for lang in params.data.languages:
@@ -40,7 +45,7 @@ def load_examples(params: Params, split: str, tokenizer) -> list[Example]:
             caps = [tokenizer.encode(r, add_special_tokens=False) for r in rec["references"]]
             emotion = EMOTIONS.index(rec["emotion"]) if rec.get("emotion") in EMOTIONS else -1
             cues = rec.get("cues") or {}
-            out.append(Example(rec["id"], torch.from_numpy(mel).to(torch.float16), caps, lang, emotion,
+            out.append(Example(rec["id"], torch.from_numpy(uplink.encode(mel)).to(torch.float16), caps, lang, emotion,
                                sentence_index(cues.get("text_en")), cue_vector(cues)))
     return out
 
@@ -67,20 +72,29 @@ def _train_role(job: tuple[Params, str, bool]) -> dict:
     torch.use_deterministic_algorithms(True)
     models_dir = Path(params.models.dir)
     tokenizer = load_tokenizer(models_dir / "tokenizer")
-    train, val = load_examples(params, "train", tokenizer), load_examples(params, "val", tokenizer)
+    # the cloud reads what the edge sends it; the edge reads its own log-mel
+    uplink = Uplink.from_params(params.uplink) if role == "cloud" else LOG_MEL
+    train = load_examples(params, "train", tokenizer, uplink)
+    val = load_examples(params, "val", tokenizer, uplink)
     if not train or not val:
         raise ValueError(f"{params.data.processed_dir}: need featurized train and val clips (have {len(train)}, {len(val)})")
     special = special_ids(tokenizer)
-    model = build_model(spec.family, len(tokenizer), spec.size, special, params.features.n_mels, params.seed)
+    model = build_model(spec.family, len(tokenizer), spec.size, special, uplink.rows(params.features.n_mels),
+                        params.seed)
     lm = ThinkerLM(model, tokenizer, embedded_prompt(tokenizer), special.eos, name=f"{role}:embedded")
     fp = fingerprint(spec.size, spec.train, params.seed, spec.family,
-                     [e.clip_id for e in train] + [str(params.features.hop_length), str(len(tokenizer))])
+                     [e.clip_id for e in train] + [str(params.features.hop_length), str(len(tokenizer))]
+                     + ([] if uplink.identity else [json.dumps(uplink.to_dict(), sort_keys=True)]))
     out_dir = models_dir / role
     result = train_captioner(lm, train, val, spec.train, params.seed, out_dir, fp, desc=f"train {role}",
                              progress=progress)
     model.save_pretrained(str(out_dir))
+    (out_dir / UPLINK_FILE).unlink(missing_ok=True)  # a cloud trained on another uplink before
+    if not uplink.identity:
+        (out_dir / UPLINK_FILE).write_text(json.dumps(uplink.to_dict(), indent=1))
     (out_dir / "checkpoint.pt").unlink(missing_ok=True)  # finished: the resume point is no longer needed
     return {"role": role, "clips": (len(train), len(val)), "backend": "embedded", "family": spec.family,
+            **({} if uplink.identity else {"uplink": uplink.to_dict()}),
             "parameters": lm.num_parameters(),
             "size": spec.size.__dict__, "threads": spec.train.threads, **result}
 

@@ -36,7 +36,7 @@ def generate(lm: AudioLM, features: np.ndarray, language: str, max_new_tokens: i
              temperature: float = 0.0, seed: int = 0) -> Generation:
     rng = np.random.default_rng(seed) if temperature > 0 else None
     t0 = time.perf_counter()
-    session = lm.start(features, language)
+    session = lm.start(lm.wire(features), language)
     t_prefill = time.perf_counter() - t0
     ids: list[int] = []
     stamps: list[float] = []

@@ -8,12 +8,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import torch
 
 from ..config import ModelParams, Params
+from ..data.uplink import Uplink
 from .configs import model_class
 from .thinker import PromptTemplate, ThinkerLM
 from .tokenizer import LANG_TOKENS, load_tokenizer
@@ -31,6 +33,9 @@ PAPER_PROMPTS = {
            "若存在多种可能性，只选择最可能的一种，不要并列罗列。只给出最终这一句短句，不要输出其他内容。"),
 }
 SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+UPLINK_FILE = "uplink.json"
 
 
 class ModelLoadError(FileNotFoundError):
@@ -95,11 +100,23 @@ def load_embedded(role: str, models_dir: str | os.PathLike) -> ThinkerLM:
     if not (model_dir / "config.json").is_file():
         raise ModelLoadError(f"{model_dir}: no trained {role} captioner (run `dvc repro train`)")
     tokenizer = load_tokenizer(models_dir / "tokenizer")
-    import json
     family = json.loads((model_dir / "config.json").read_text())["model_type"]
     family = {"qwen2_5_omni_thinker": "qwen2_5_omni", "qwen3_omni_moe_thinker": "qwen3_omni_moe"}.get(family, family)
     model = model_class(family).from_pretrained(str(model_dir), dtype=torch.float32)
-    return ThinkerLM(model, tokenizer, embedded_prompt(tokenizer), tokenizer.eos_token_id, name=f"{role}:embedded")
+    lm = ThinkerLM(model, tokenizer, embedded_prompt(tokenizer), tokenizer.eos_token_id, name=f"{role}:embedded")
+    lm.uplink = read_uplink(model_dir)
+    return lm
+
+
+def read_uplink(model_dir: Path) -> Uplink:
+    """The uplink a captioner was trained to read (UPLINK_FILE beside its weights; none: the log-mel)."""
+    path = model_dir / UPLINK_FILE
+    if not path.is_file():
+        return Uplink()
+    try:
+        return Uplink(**json.loads(path.read_text()))
+    except (ValueError, TypeError) as exc:
+        raise ModelLoadError(f"{path}: not an uplink description ({exc})") from exc
 
 
 def load_role(params: Params, role: str, device: str | None = None) -> ThinkerLM:

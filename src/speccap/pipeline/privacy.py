@@ -1,14 +1,16 @@
 """What the uplink reveals about the speech (DVC stage `privacy`): speech rebuilt from what the edge
 sends, and who is speaking.
 
-The edge sends the clip's log-mel (`features:` params, float16 on the wire) with its first
-escalation. For that representation and coarser candidates (`privacy.candidates`: fewer mel bands,
-frames merged), an eavesdropper who learns nothing rebuilds a waveform (the mel filterbank
-inverted, then Griffin-Lim) and STOI scores it against the original (near 0.8 the words are
-understood); the clip against itself 0.2 s late is the floor. Who is speaking: a logistic regression
-on each clip's per-band mean and spread, trained on train clips, names the voice of every test
-clip, against the share of the commonest voice. A spectral representation is what Griffin-Lim was
-made for, so it is the attacker here; a learned one would only rebuild more.
+The edge sends the cloud a view of the clip's log-mel (`uplink:` params, speccap.data.uplink): the
+log-mel itself by default, float16 on the wire. For that view and the candidates of
+`privacy.candidates` (bands pooled, frames merged, each band's clip level and spread removed), an
+eavesdropper rebuilds a waveform: every pooled value spread back over its bands and frames, a
+normalised view scaled back by the levels typical of train clips, the mel filterbank inverted, then
+Griffin-Lim; STOI scores it against the original (near 0.8 the words are understood), and the clip
+against itself 0.2 s late is the floor. Who is speaking: two classifiers trained on train clips name
+the voice of every test clip, and the stronger counts, against the share of the commonest voice:
+a logistic regression on each clip's per-band statistics (level, spread, movement, low and high
+percentiles), and one on single frames whose log-probabilities are summed over the clip.
 """
 
 from __future__ import annotations
@@ -22,48 +24,78 @@ from ..config import Params
 from ..data.audio_io import read_audio
 from ..data.features import log_mel
 from ..data.manifest import manifest_path, read_manifest
+from ..data.uplink import Uplink
 from ..fanout import fan_out
 from ..metrics.bootstrap import mean_interval
 
 SHIFT_S = 0.2  # the floor: a clip against itself this late (the same voice, the words misaligned)
 GL_ITERS = 64
+FRAMES_PER_CLIP = 8  # frames of each train clip the frame classifier learns from (spread over the clip)
 
 
 @dataclass(frozen=True)
 class Wire:
-    """One representation the edge could send: a log-mel with these bands and this hop, float16."""
+    """One uplink measured: the view, the features it is computed from, and whether the edge sends it."""
 
+    uplink: Uplink
     n_mels: int
     hop: int
-    sent: bool = False  # what the edge sends today
+    sent: bool = False  # what the edge sends (params `uplink`)
 
     @property
     def name(self) -> str:
-        return f"log-mel {self.n_mels} bands, hop {self.hop}" + (" (what the edge sends)" if self.sent else "")
+        return self.uplink.name(self.n_mels, self.hop) + (" (what the edge sends)" if self.sent else "")
+
+    def log_mel(self, x: np.ndarray, sr: int, n_fft: int) -> np.ndarray:
+        """The features the view is computed from (the edge's own, `features:` params)."""
+        return log_mel(x, sr, self.n_mels, n_fft, self.hop)
+
+    def view(self, mel: np.ndarray) -> np.ndarray:
+        """What crosses the link for the clip's log-mel, float16 values as float32."""
+        return np.asarray(self.uplink.encode(mel), np.float16).astype(np.float32)
 
     def encode(self, x: np.ndarray, sr: int, n_fft: int) -> np.ndarray:
-        return log_mel(x, sr, self.n_mels, n_fft, self.hop).astype(np.float16)  # as it crosses the link
+        return self.view(self.log_mel(x, sr, n_fft))
+
+    def unnormalised(self) -> "Wire":
+        return Wire(Uplink(self.uplink.bands, self.uplink.merge), self.n_mels, self.hop)
 
     def bytes_per_second(self, sr: int) -> float:
-        return 2.0 * self.n_mels * sr / self.hop
+        return self.uplink.bytes_per_second(self.n_mels, sr, self.hop)
 
 
 def wires(params: Params) -> list[Wire]:
-    """Today's log-mel first, then the candidates of `privacy.candidates` ([bands, frames merged])."""
+    """The uplink the edge sends first, then the other candidates of `privacy.candidates`."""
     f = params.features
-    return [Wire(f.n_mels, f.hop_length, sent=True)] + [
-        Wire(bands, merged * f.hop_length) for bands, merged in params.privacy.candidates]
+    sent = Uplink.from_params(params.uplink)
+    others = [Uplink.from_params(c) for c in params.privacy.candidates]
+    return [Wire(sent, f.n_mels, f.hop_length, sent=True)] + [
+        Wire(u, f.n_mels, f.hop_length) for u in dict.fromkeys(others) if u != sent]
 
 
-def rebuild(rep: np.ndarray, wire: Wire, sr: int, n_fft: int) -> np.ndarray:
-    """The attacker: undo the log scale, invert the mel filterbank, Griffin-Lim the phase."""
+def levels(reps: list[np.ndarray]) -> np.ndarray:
+    """(2, rows): the per-band level and spread typical of un-normalised views (the attacker's prior)."""
+    return np.stack([np.mean([r.mean(1) for r in reps], 0), np.mean([r.std(1) for r in reps], 0)])
+
+
+def rebuild(rep: np.ndarray, wire: Wire, n_frames: int, sr: int, n_fft: int, prior: np.ndarray | None = None) -> np.ndarray:
+    """The attacker: a normalised view scaled back by `prior` (`levels` of train clips), each pooled
+    value spread over its bands and (log-linearly) over its frames, the log scale undone, the mel
+    filterbank inverted, Griffin-Lim for the phase."""
     import librosa
-    mel = 10.0 ** (4.0 * rep.astype(np.float32) - 4.0)  # features.log_mel's scale, undone
-    # frames further apart than the window leave gaps: the attacker widens its window to cover them
-    win = n_fft if wire.hop <= n_fft else 2 * wire.hop
-    mag = librosa.feature.inverse.mel_to_stft(mel, sr=sr, n_fft=win, power=2.0, htk=False, norm="slaney",
+    v = rep.astype(np.float32)
+    if wire.uplink.normalize == "clip" and prior is not None:
+        v = v * prior[1][:, None] + prior[0][:, None]
+    edges = np.linspace(0, wire.n_mels, v.shape[0] + 1).round().astype(int)
+    v = np.repeat(v, np.diff(edges), axis=0)  # every mel band takes its group's value
+    merge = wire.uplink.merge
+    if merge > 1 or v.shape[1] != n_frames:
+        centres = (np.arange(v.shape[1]) + 0.5) * merge - 0.5
+        v = np.stack([np.interp(np.arange(n_frames), centres, row) for row in v])
+    mel = 10.0 ** (4.0 * v - 4.0)  # features.log_mel's scale, undone
+    mag = librosa.feature.inverse.mel_to_stft(mel, sr=sr, n_fft=n_fft, power=2.0, htk=False, norm="slaney",
                                               fmin=0.0, fmax=sr / 2)
-    return librosa.griffinlim(mag, n_iter=GL_ITERS, hop_length=wire.hop, win_length=win, n_fft=win,
+    return librosa.griffinlim(mag, n_iter=GL_ITERS, hop_length=wire.hop, win_length=n_fft, n_fft=n_fft,
                               window="hann", center=True, random_state=0)
 
 
@@ -77,12 +109,14 @@ def stoi(ref: np.ndarray, deg: np.ndarray, sr: int) -> float:
 
 def _score_clip(item: tuple) -> dict:
     """STOI of the speech rebuilt from each wire, and the floor, for one clip (a fan-out task)."""
-    clip_id, path, wire_list, sr, n_fft = item
+    clip_id, path, wire_list, priors, sr, n_fft = item
     x = read_audio(path, target_sr=sr).samples
     shift = int(SHIFT_S * sr)
     floor = stoi(x, np.concatenate([np.zeros(shift, np.float32), x])[: len(x)], sr)
+    mel = wire_list[0].log_mel(x, sr, n_fft)
     return {"id": clip_id, "floor": floor,
-            "stoi": [stoi(x, rebuild(w.encode(x, sr, n_fft), w, sr, n_fft), sr) for w in wire_list]}
+            "stoi": [stoi(x, rebuild(w.view(mel), w, mel.shape[1], sr, n_fft, prior), sr)
+                     for w, prior in zip(wire_list, priors)]}
 
 
 def _split(params: Params, split: str, per_language: int, required: bool = True) -> list[dict]:
@@ -99,9 +133,20 @@ def _split(params: Params, split: str, per_language: int, required: bool = True)
     return recs
 
 
-def voice_id(wire: Wire, train: list[tuple], test: list[tuple], sr: int, n_fft: int, seed: int) -> dict:
-    """How often a classifier on the wire names the voice of a test clip, against the commonest voice's
-    share. `train`/`test`: (speaker, samples). Not measured (reason given) without two voices to tell apart."""
+def clip_statistics(rep: np.ndarray) -> np.ndarray:
+    """Per band: level, spread, mean movement frame to frame, 10th and 90th percentiles."""
+    moves = np.abs(np.diff(rep, axis=1)).mean(1) if rep.shape[1] > 1 else np.zeros(rep.shape[0], rep.dtype)
+    return np.concatenate([rep.mean(1), rep.std(1), moves, np.percentile(rep, 10, 1), np.percentile(rep, 90, 1)])
+
+
+def _frames(rep: np.ndarray, n: int) -> np.ndarray:
+    """Up to `n` frames spread evenly over the clip, as rows."""
+    return rep[:, np.unique(np.linspace(0, rep.shape[1] - 1, n).round().astype(int))].T
+
+
+def voice_id(train: list[tuple], test: list[tuple], seed: int) -> dict:
+    """How often the stronger of two classifiers names the voice of a test clip, against the commonest
+    voice's share. `train`/`test`: (speaker, view). Not measured (reason given) without two voices."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -109,21 +154,45 @@ def voice_id(wire: Wire, train: list[tuple], test: list[tuple], sr: int, n_fft: 
     if len({s for s, _ in train}) < 2 or not test:
         return {"measured": False, "why": "the train and test clips do not name two or more voices "
                                           "(manifest field `speaker`)"}
+    ytr, yte = np.array([s for s, _ in train]), np.array([s for s, _ in test])
 
-    def rows(clips):
-        reps = [wire.encode(x, sr, n_fft).astype(np.float32) for _, x in clips]
-        return np.array([np.concatenate([r.mean(1), r.std(1)]) for r in reps]), np.array([s for s, _ in clips])
-    xtr, ytr = rows(train)
-    xte, yte = rows(test)
-    clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, random_state=seed)).fit(xtr, ytr)
-    hits = 100.0 * (clf.predict(xte) == yte)
+    def fit(x, y):
+        return make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000, random_state=seed)).fit(x, y)
+    per_clip = fit(np.array([clip_statistics(r) for _, r in train]), ytr)
+    by_clip = per_clip.predict(np.array([clip_statistics(r) for _, r in test]))
+    frames = [_frames(r, FRAMES_PER_CLIP) for _, r in train]
+    per_frame = fit(np.concatenate(frames), np.repeat(ytr, [len(f) for f in frames]))
+    by_frames = np.array([per_frame.classes_[per_frame.predict_log_proba(r.T).sum(0).argmax()] for _, r in test])
+    attackers = {"clip statistics": 100.0 * (by_clip == yte), "frames": 100.0 * (by_frames == yte)}
+    best = max(attackers, key=lambda k: attackers[k].mean())
     _, counts = np.unique(yte, return_counts=True)
-    return {"measured": True, "accuracy": mean_interval(hits, seed), "majority": float(100 * counts.max() / counts.sum()),
+    return {"measured": True, "accuracy": mean_interval(attackers[best], seed), "attacker": best,
+            "accuracy_by_attacker": {k: float(v.mean()) for k, v in attackers.items()},
+            "majority": float(100 * counts.max() / counts.sum()),
             "voices": int(len(counts)), "train_clips": len(ytr), "test_clips": len(yte)}
 
 
-def _voiced(recs: list[dict], sr: int) -> list[tuple]:
-    return [(r["speaker"], read_audio(r["path"], target_sr=sr).samples) for r in recs if r.get("speaker")]
+def named_by_the_caption(recs: list[dict]) -> dict:
+    """How often a voice is named by one who knows only what a correct caption states of the speaker:
+    the spoken language and the gender (the commonest voice of each pair guessed). The cloud must learn
+    both from the uplink to caption the clip, so no uplink that keeps the captions can hide the voice
+    below this."""
+    groups: dict[tuple, dict[str, int]] = {}
+    for r in recs:
+        if r.get("speaker") and r.get("gender") and r.get("speech_language"):
+            counts = groups.setdefault((r["speech_language"], r["gender"]), {})
+            counts[r["speaker"]] = counts.get(r["speaker"], 0) + 1
+    total = sum(sum(c.values()) for c in groups.values())
+    if not total:
+        return {"measured": False, "why": "the test clips do not name speaker, gender and spoken language"}
+    return {"measured": True, "accuracy": 100.0 * sum(max(c.values()) for c in groups.values()) / total,
+            "groups": len(groups)}
+
+
+def _voiced(recs: list[dict], wire: Wire, sr: int, n_fft: int) -> list[tuple]:
+    """(speaker, log-mel) of the clips that name their speaker."""
+    return [(r["speaker"], wire.log_mel(read_audio(r["path"], target_sr=sr).samples, sr, n_fft))
+            for r in recs if r.get("speaker")]
 
 
 def measure(params: Params, workers: int) -> dict:
@@ -134,16 +203,22 @@ def measure(params: Params, workers: int) -> dict:
     scored = _split(params, "test", params.privacy.clips)
     if not scored:
         raise ValueError(f"privacy: no test clips in {params.data.processed_dir} for {list(params.data.languages)}")
-    items = [(r["id"], r["path"], tuple(wire_list), sr, f.n_fft) for r in scored]
+    train = _voiced(_split(params, "train", params.privacy.train_clips, required=False), wire_list[0], sr, f.n_fft)
+    test_recs = _split(params, "test", 0)  # 0 = every test clip
+    test = _voiced(test_recs, wire_list[0], sr, f.n_fft)
+    # what a normalised view removed, as typical train clips have it (none without train clips)
+    priors = [levels([w.unnormalised().view(m) for _, m in train]) if w.uplink.normalize == "clip" and train else None
+              for w in wire_list]
+    items = [(r["id"], r["path"], tuple(wire_list), tuple(priors), sr, f.n_fft) for r in scored]
     per_clip = sorted(fan_out(_score_clip, items, workers if workers > 1 else 0, stage="privacy", key=lambda i: i[0]),
                       key=lambda c: c["id"])
-    train = _voiced(_split(params, "train", params.privacy.train_clips, required=False), sr)
-    test = _voiced(_split(params, "test", 0), sr)  # 0 = every test clip
     out = {"clips": len(per_clip), "languages": list(params.data.languages), "gl_iterations": GL_ITERS,
-           "floor": mean_interval([c["floor"] for c in per_clip], seed), "wires": []}
+           "floor": mean_interval([c["floor"] for c in per_clip], seed),
+           "named_by_the_caption": named_by_the_caption(test_recs), "wires": []}
     for i, w in enumerate(wire_list):
-        out["wires"].append({"name": w.name, "n_mels": w.n_mels, "hop": w.hop, "sent": w.sent,
-                             "bytes_per_second": w.bytes_per_second(sr),
+        out["wires"].append({"name": w.name, **w.uplink.to_dict(), "n_mels": w.n_mels, "hop": w.hop, "sent": w.sent,
+                             "rows": w.uplink.rows(w.n_mels), "bytes_per_second": w.bytes_per_second(sr),
                              "stoi": mean_interval([c["stoi"][i] for c in per_clip], seed),
-                             "voice_id": voice_id(w, train, test, sr, f.n_fft, seed)})
+                             "voice_id": voice_id([(s, w.view(m)) for s, m in train],
+                                                  [(s, w.view(m)) for s, m in test], seed)})
     return out

@@ -19,6 +19,22 @@ def target_met(wire: dict) -> bool:
             and v["accuracy"]["ci_low"] <= v["majority"])
 
 
+def binding(wires: list[dict]) -> str:
+    """Which constraint binds, read from the table: the rebuilt speech or the voice."""
+    def named(w):
+        v = w["voice_id"]
+        return (f"the voice named in {v['accuracy']['value']:.1f}% of clips against {v['majority']:.1f}%"
+                if v["measured"] else "the voice not measured")
+    quiet = [w for w in wires if w["stoi"]["ci_high"] <= STOI_TARGET]
+    if quiet:
+        w = min(quiet, key=lambda w: w["voice_id"]["accuracy"]["value"] if w["voice_id"]["measured"] else 100.0)
+        return (f"Where the rebuilt speech is unintelligible, the voice binds: {w['name']} rebuilds to STOI "
+                f"{interval_text(w['stoi'], 3)} with {named(w)}.")
+    w = min(wires, key=lambda w: w["stoi"]["value"])
+    return (f"No representation here rebuilds to STOI at most {STOI_TARGET}: the words bind first. The lowest, "
+            f"{interval_text(w['stoi'], 3)} ({w['name']}), comes with {named(w)}.")
+
+
 def _voice(v: dict) -> tuple[str, str]:
     if not v["measured"]:
         return "not measured", "-"
@@ -29,34 +45,36 @@ def render(r: dict) -> str:
     rows = []
     for w in r["wires"]:
         voice, majority = _voice(w["voice_id"])
-        # the log-mel is the cloud's own input: its quality is the decode sweep's cloud row, all of the
-        # edge-to-cloud gap; a candidate's needs a cloud trained on it, which the pipeline does not train
+        # the cloud is trained on what the edge sends: its quality is the decode sweep's cloud row; a
+        # candidate's needs a cloud trained on it, which the pipeline does not train
         cloud = "the cloud rows of reports/tables/quality.md" if w["sent"] else "not in the pipeline (see below)"
         rows.append([w["name"], f"{w['bytes_per_second']:.0f}", interval_text(w["stoi"], 3), voice, majority, cloud])
     table = md_table(["representation", "bytes / s of audio", "STOI of rebuilt speech", "voice identified %",
                       "commonest voice %", "the cloud's quality from it"], rows)
-    best = min(r["wires"], key=lambda w: w["stoi"]["value"])
     met = [w["name"] for w in r["wires"] if target_met(w)]
-    if met:
-        verdict = f"met by {', '.join(met)} (the cloud's quality from it is not measured)."
-    else:
-        bv = best["voice_id"]
-        named = (f"still leaves the voice identified in {bv['accuracy']['value']:.1f}% of clips against "
-                 f"{bv['majority']:.1f}%" if bv["measured"] else "leaves the voice unmeasured")
-        verdict = (f"met by none. The lowest STOI, {interval_text(best['stoi'], 3)} ({best['name']}), {named}. What binds "
-                   "is the voice: a coarser log-mel hides the words sooner than the voice, whose spectral balance "
-                   "survives in a few bands averaged over a clip (read from the table, not a measured cause).")
+    verdict = (f"met by {', '.join(met)} (the cloud's quality from it is not measured here)." if met
+               else f"met by none. {binding(r['wires'])}")
+    stated = r.get("named_by_the_caption", {"measured": False})
+    if stated["measured"]:
+        verdict += (f" The captions themselves bound how far the voice can hide: they state the speaker's gender "
+                    f"and spoken language, and knowing only those names the voice in {stated['accuracy']:.1f}% of "
+                    "test clips (the commonest voice of each pair). An uplink from which the cloud writes correct "
+                    "captions carries both, so the voice near chance and the cloud's quality cannot both be met "
+                    "on this corpus.")
     return "\n".join([
         "# What the uplink reveals about the speech", "",
         f"Written by the `privacy` stage on {r['clips']} test clips ({', '.join(r['languages'])}); 95% bootstrap "
-        "intervals over clips. STOI of speech rebuilt from each representation by an attacker who learns nothing "
-        f"(mel inversion + Griffin-Lim, {GL_ITERS} iterations); near 0.8 the words are understood. Floor: a clip "
-        f"against itself {SHIFT_S} s late, STOI {interval_text(r['floor'], 3)}. Voice identification: logistic regression on "
-        "each clip's per-band mean and spread, trained on train clips, tested on every test clip, against always "
-        "naming the commonest voice. The cloud's quality from the log-mel, its own input, is the decode sweep's "
-        "cloud row (all of the edge-to-cloud gap); from a candidate it needs a cloud trained on that input, which "
-        "the pipeline does not train: benchmarks/privacy_quality.py does, for some candidates "
-        "(reports/privacy_quality.md).", "",
+        "intervals over clips. Each representation is what `uplink:` params would make the edge send (the "
+        "log-mel's bands pooled, frames merged, each band's clip level and spread removed: speccap.data.uplink). "
+        "STOI of speech rebuilt from it by an attacker who learns nothing but the train clips' typical band levels "
+        f"(pooled values spread back, mel inversion + Griffin-Lim, {GL_ITERS} iterations); near 0.8 the words are "
+        f"understood. Floor: a clip against itself {SHIFT_S} s late, STOI {interval_text(r['floor'], 3)}. Voice "
+        "identification: the stronger of two logistic regressions trained on train clips (one on each clip's per-band "
+        "level, spread, movement and percentiles, one on single frames summed over the clip), tested on every test "
+        "clip, against always naming the commonest voice. The cloud's quality from what the edge sends is the decode "
+        "sweep's cloud row (the `train` stage trains the cloud on it); from another candidate it needs a cloud "
+        "trained on that one, which the pipeline does not train: benchmarks/privacy_quality.py does, for some "
+        "candidates (reports/privacy_quality.md).", "",
         table, "",
         f"Target (rebuilt-speech STOI at most {STOI_TARGET}, the voice named no more often than the commonest "
         f"voice's share): {verdict}", "",
@@ -76,6 +94,10 @@ def plot(r: dict, path: str | Path) -> None:
         ax.axhspan(0, majority, xmin=0, xmax=STOI_TARGET, color="tab:green", alpha=0.12,
                    label="target: STOI ≤ 0.3, voice at the commonest share")
         ax.axhline(majority, color="grey", lw=0.8, ls=":", label=f"always the commonest voice ({majority:.0f}%)")
+    stated = r.get("named_by_the_caption", {"measured": False})
+    if stated["measured"]:
+        ax.axhline(stated["accuracy"], color="tab:orange", lw=0.8, ls="-.",
+                   label=f"told only the caption's gender and language ({stated['accuracy']:.0f}%)")
     ax.axvline(r["floor"]["value"], color="grey", lw=0.8, ls="--", label="STOI floor (the clip 0.2 s late)")
     for w in measured:
         s, a = w["stoi"], w["voice_id"]["accuracy"]

@@ -6,7 +6,8 @@ which sends the real packets to `speccap serve-cloud` and books, per caption, wh
 model predicts for the same packets. When the cloud is unreachable, slow or failing, the block is
 committed as drafted (edge-only for that block) and counted in `network["fallback"]`; after
 `breaker` failures in a row the rest of the caption stays on the edge, so a caption is always
-produced. Only features and token ids (and q rows for spec_sampling) leave the device.
+produced. Only features (as the served cloud's uplink has them: its /v1/info says which) and token
+ids (and q rows for spec_sampling) leave the device.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 
 import numpy as np
 
+from ..data.uplink import Uplink
 from ..decoding import packets
 from ..decoding.engine import blocking_loop
 from ..decoding.halves import SpecSettings, hidden_upload, wisv_protocol
@@ -214,10 +216,11 @@ def caption_remote(edge: AudioLM, client: VerifierClient, info: dict, features: 
     if settings.in_flight:
         raise ValueError("the networked edge runs the blocking loop only: set in_flight to 0")
     bits = packets.id_bits(min(edge.vocab_size, info["vocab_size"]))
+    wire = Uplink(**info.get("uplink", {})).encode(features)  # what the served cloud reads (older servers: the log-mel)
     holder: list[RemoteCloud] = []
 
     def make(clock, rec):
-        holder.append(RemoteCloud(client, features, language, settings, clock, rec, features_dtype, q_dtype,
+        holder.append(RemoteCloud(client, wire, language, settings, clock, rec, features_dtype, q_dtype,
                                   emulate, breaker))
         return holder[0]
     try:

@@ -90,7 +90,8 @@ class Verifier:
     async def info(self, request: Request):
         self.client_of(request)
         return {"wire_version": packets.VERSION, "model": getattr(self.lm, "name", type(self.lm).__name__),
-                "vocab_size": self.vocab, "eos_token_id": self.eos, "n_mels": self.n_mels, "limits": asdict(self.limits)}
+                "vocab_size": self.vocab, "eos_token_id": self.eos, "n_mels": self.n_mels, "uplink": self.lm.uplink.to_dict(),
+                "limits": asdict(self.limits)}
 
     async def health(self, request: Request):
         self.client_of(request)

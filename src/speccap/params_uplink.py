@@ -1,0 +1,28 @@
+"""The params of what leaves the device: the `uplink:` the edge sends and the `privacy:` stage that
+measures what it reveals."""
+
+from __future__ import annotations
+
+from .params_types import Count, Normalize, params_class
+
+
+@params_class
+class UplinkParams:
+    """What the edge sends the cloud in place of the audio (speccap.data.uplink): the log-mel, or a
+    coarser view of it the cloud is trained on. null bands, merge 1, normalize none: the log-mel."""
+
+    bands: Count | None = None  # mel bands pooled into this many (null: all of features.n_mels)
+    merge: Count = 1  # frames averaged into one
+    normalize: Normalize = "none"  # clip: each band's mean and spread over the clip removed
+
+
+@params_class
+class PrivacyParams:
+    clips: Count = 40  # test clips per language whose speech is rebuilt from each representation (the cost)
+    train_clips: Count = 400  # train clips per language the voice classifiers learn from
+    # uplinks measured beside the one the edge sends (`uplink`): coarser, and with each band's clip
+    # level and spread removed
+    candidates: tuple[UplinkParams, ...] = (
+        UplinkParams(32), UplinkParams(8), UplinkParams(4), UplinkParams(128, 4), UplinkParams(128, 8),
+        UplinkParams(8, 4), UplinkParams(128, 1, "clip"), UplinkParams(8, 1, "clip"), UplinkParams(128, 8, "clip"),
+        UplinkParams(16, 16, "clip"))
