@@ -24,5 +24,5 @@ class PrivacyParams:
     # level and spread removed
     candidates: tuple[UplinkParams, ...] = (
         UplinkParams(32), UplinkParams(8), UplinkParams(4), UplinkParams(128, 4), UplinkParams(128, 8),
-        UplinkParams(8, 4), UplinkParams(128, 1, "clip"), UplinkParams(8, 1, "clip"), UplinkParams(128, 8, "clip"),
-        UplinkParams(16, 16, "clip"))
+        UplinkParams(128, 1, "clip"), UplinkParams(8, 1, "clip"), UplinkParams(128, 8, "clip"),
+        UplinkParams(128, 16, "clip"), UplinkParams(128, 32, "clip"), UplinkParams(16, 16, "clip"))
