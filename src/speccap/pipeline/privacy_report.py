@@ -81,6 +81,12 @@ def render(r: dict) -> str:
         "![STOI of rebuilt speech against voice identification, per representation](privacy.png)", ""])
 
 
+def _short(w: dict) -> str:
+    """A point's label: bands x frames merged, n for clip-normalised (the table has the full names)."""
+    label = f"{w['rows']}x{w['merge']}" + (" n" if w["normalize"] == "clip" else "")
+    return label + (" (sent)" if w["sent"] else "")
+
+
 def plot(r: dict, path: str | Path) -> None:
     """Each representation as a point: what an attacker understands (STOI, x) against how often it
     names the voice (y), with intervals; the target corner shaded."""
@@ -104,16 +110,12 @@ def plot(r: dict, path: str | Path) -> None:
         ax.errorbar(s["value"], a["value"], xerr=[[s["value"] - s["ci_low"]], [s["ci_high"] - s["value"]]],
                     yerr=[[a["value"] - a["ci_low"]], [a["ci_high"] - a["value"]]], fmt="o" if not w["sent"] else "*",
                     ms=7 if not w["sent"] else 13, color="tab:red" if w["sent"] else "tab:blue", capsize=2)
-        label = w["name"].replace("log-mel ", "").replace(" (what the edge sends)", ", sent today")
-        # labels of the right-hand points go to their left (the crowded corner); today's, right and below
-        left = s["value"] > 0.55 and not w["sent"]
-        ax.annotate(f"{label}\n{w['bytes_per_second']:.0f} B/s", (s["value"], a["value"]), textcoords="offset points",
-                    xytext=(-8 if left else 8, -24 if w["sent"] else 4), ha="right" if left else "left", fontsize=7)
+        ax.annotate(_short(w), (s["value"], a["value"]), textcoords="offset points", xytext=(6, 4), fontsize=7)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 100)
     ax.set_xlabel("STOI of speech rebuilt from the wire (near 0.8: words understood)")
     ax.set_ylabel("voice identified from the wire, % of test clips")
-    ax.set_title("What the uplink reveals, per representation")
+    ax.set_title("What the uplink reveals: bands x frames merged (n: clip-normalised)")
     ax.legend(loc="lower right", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
