@@ -20,7 +20,6 @@ import argparse
 import dataclasses
 import json
 import shutil
-import sys
 from pathlib import Path
 
 from tqdm import tqdm
@@ -98,7 +97,8 @@ def run(candidates: list[str], n_clips: int, out_root: Path) -> dict:
         rows.append(row)
         print(json.dumps({"candidate": name, "bleu1": {
             lang: round(v["bleu1"]["cloud"]["value"], 1) for lang, v in row["languages"].items()}}), flush=True)
-    return {"command": " ".join(["python"] + sys.argv), "clips_per_language": n_clips,
+    return {"command": " ".join(["python", "benchmarks/privacy_quality.py", "--candidates", *candidates,
+                                 "--clips", str(n_clips)]), "clips_per_language": n_clips,
             "hop_length": params.features.hop_length, "candidates": rows}
 
 
