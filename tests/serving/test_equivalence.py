@@ -87,8 +87,9 @@ def test_client_side_link_emulation_waits_the_link_models_time(pair, clips, serv
     assert slowed.token_ids == plain.token_ids and slowed.rounds == plain.rounds > 0
     predicted = slowed.network["link_model_time"]
     assert predicted >= 0.04 * slowed.rounds  # one RTT per round at least
-    # the emulated delays were really waited, on top of the socket's own time
-    assert slowed.wall_time >= plain.wall_time + 0.9 * predicted
+    # the emulated delays were really waited: their sleeps alone take the predicted seconds (a lower
+    # bound a busy machine cannot break, unlike a comparison of two measured times)
+    assert slowed.wall_time >= predicted
     assert slowed.total_time == pytest.approx(slowed.edge_compute + slowed.network["net_rtt"] + predicted, rel=0.05)
 
 
