@@ -56,6 +56,10 @@ class Uplink:
             raise ValueError(f"uplink.bands: {self.bands} exceeds the features' {n_mels} mel bands (features.n_mels)")
         return n_mels if self.bands is None else self.bands
 
+    def band_edges(self, n_mels: int) -> np.ndarray:
+        """Where each pooled band starts among the features' mel bands, and where the last ends."""
+        return np.linspace(0, n_mels, self.rows(n_mels) + 1).round().astype(int)
+
     def frames(self, n_frames: int) -> int:
         return -(-n_frames // self.merge)
 
@@ -74,10 +78,9 @@ class Uplink:
             raise ValueError(f"uplink: features must be (n_mels, frames) with frames, got shape {x.shape}")
         if self.identity:
             return features
-        rows = self.rows(x.shape[0])
         power = 10.0 ** (4.0 * x - 4.0)  # features.log_mel's scale, undone
-        if rows != x.shape[0]:
-            edges = np.linspace(0, x.shape[0], rows + 1).round().astype(int)
+        if self.rows(x.shape[0]) != x.shape[0]:
+            edges = self.band_edges(x.shape[0])
             power = np.add.reduceat(power, edges[:-1], axis=0) / np.diff(edges)[:, None]
         if self.merge > 1:
             starts = np.arange(0, power.shape[1], self.merge)

@@ -86,8 +86,7 @@ def rebuild(rep: np.ndarray, wire: Wire, n_frames: int, sr: int, n_fft: int, pri
     v = rep.astype(np.float32)
     if wire.uplink.normalize == "clip" and prior is not None:
         v = v * prior[1][:, None] + prior[0][:, None]
-    edges = np.linspace(0, wire.n_mels, v.shape[0] + 1).round().astype(int)
-    v = np.repeat(v, np.diff(edges), axis=0)  # every mel band takes its group's value
+    v = np.repeat(v, np.diff(wire.uplink.band_edges(wire.n_mels)), axis=0)  # every mel band takes its group's value
     merge = wire.uplink.merge
     if merge > 1 or v.shape[1] != n_frames:
         centres = (np.arange(v.shape[1]) + 0.5) * merge - 0.5
