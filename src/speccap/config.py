@@ -97,6 +97,10 @@ def _validate(p: Params) -> None:
     if u.bands is not None and u.bands > p.features.n_mels:
         raise ConfigError(f"params key uplink.bands: {u.bands} is more than the features' {p.features.n_mels} mel "
                           "bands (features.n_mels)")
+    if p.sweep.batch > 1 and p.decode.cost is None:
+        raise ConfigError(f"params key sweep.batch: {p.sweep.batch} captions at once share every forward, so no "
+                          "caption's compute can be measured; set decode.cost to a fitted cost model (`speccap "
+                          "calibrate` prints one) or sweep.batch to 1")
     if p.decode.rule in ("spec_sampling", "qs", "sq") and p.decode.temperature <= 0:
         raise ConfigError(f"params key decode.temperature: {p.decode.rule} needs sampling (temperature > 0)")
     if p.features.n_fft < p.features.hop_length:

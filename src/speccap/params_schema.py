@@ -286,6 +286,10 @@ class SweepParams:
     detail_clips: Int = 0
     workers: NonNeg = 2  # processes, each with the models loaded once
     threads: Count = 1  # torch threads per worker
+    # captions each worker decodes at once through the batching executor (decoding.lockstep), their
+    # model calls packed into one forward per model per step; 1 = one caption at a time. Above 1 the
+    # clocks are charged by decode.cost (a shared forward's seconds are no caption's own)
+    batch: Count = 1
     runs_dir: str = "reports/runs"
     # Q-S next to speculative sampling, every block verified, at this temperature: one configuration
     # per lattice level (0 = the adaptive policy choosing L and level per round) plus the dense baseline

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from speccap.config import params_from_dict
+from speccap.pipeline import workers
 from speccap.pipeline.sweep import RunConfig, build_configs, config_key, eval_clips, run_config, summarize
 from speccap.pipeline.workers import Pool
 
@@ -216,3 +217,36 @@ def test_a_dying_sweep_worker_stops_the_configuration_and_keeps_its_records(tiny
     records = run_config(cfg, clips, pool, path, progress=lambda: calls.append(1))
     pool.close()
     assert len(records) == 9 and len(calls) == 9 - len(kept)
+
+
+def test_a_batched_worker_writes_the_records_of_a_single_one(tiny_project, tmp_path):
+    """Workers decoding `sweep.batch` captions at once (the edge's forwards shared; the tiny cloud, a
+    Qwen3-Omni-MoE thinker, takes HF's forward alone) write the records the one-at-a-time worker
+    does, clocks included: both charge by the same cost model."""
+    import yaml
+    params, _, params_file = tiny_project
+    raw = yaml.safe_load(params_file.read_text())
+    per_call = {"prefill": [1e-3, 1e-5], "extend": [2e-4, 5e-5, 1e-7]}
+    raw["decode"]["cost"] = {"edge": per_call, "cloud": per_call}
+    records = {}
+    for batch in (1, 2):
+        raw["sweep"]["batch"] = batch
+        path = tmp_path / f"params{batch}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        pool = Pool(str(path), workers=0, threads=1, batch=batch)
+        for cfg in (RunConfig("edge", "en"), RunConfig("ugsd", "en", "entropy", 1.0, 2, "rank", 2),
+                    RunConfig("ugsd", "en", "entropy", 1.0, 2, "rank", 2, in_flight=2)):
+            made = run_config(cfg, eval_clips(params, "en"), pool, tmp_path / f"{batch}-{cfg.name}.jsonl")
+            records[batch, cfg.name] = [{k: v for k, v in r.items() if k not in
+                                         ("wall_time", "model_time", "cpu_percent", "ram_gb")} for r in made]
+        if batch > 1:  # the edge's forwards really were shared
+            assert any(p.asked > p.steps for p in workers._W["lockstep"][0].pools)
+    for (batch, name), recs in records.items():
+        assert all("error" not in r for r in recs), recs
+        if batch > 1:
+            assert recs == records[1, name]
+
+
+def test_a_batch_needs_a_cost_model():
+    with pytest.raises(Exception, match="sweep.batch.*decode.cost"):
+        params_from_dict({"sweep": {"batch": 8}})

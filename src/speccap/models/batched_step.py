@@ -53,6 +53,35 @@ class BatchedCache:
         self.lengths[row] = n
         self.rope_delta[row] = rope_delta
 
+    def add_rows(self, rows: int) -> None:
+        """`rows` more empty rows."""
+        for store in (self.keys, self.values):
+            for i, old in enumerate(store):
+                store[i] = torch.cat([old, old.new_zeros((rows,) + old.shape[1:])])
+        self.lengths = torch.cat([self.lengths, self.lengths.new_zeros(rows)])
+        self.rope_delta = torch.cat([self.rope_delta, self.rope_delta.new_zeros(rows)])
+
+    def head(self, rows: int) -> "BatchedCache":
+        """The first `rows` rows as a cache of their own, sharing this one's tensors (views: a step on
+        it writes here), so a step over the low rows does no work for the idle rows above them."""
+        view = object.__new__(BatchedCache)
+        view.keys = [k[:rows] for k in self.keys]
+        view.values = [v[:rows] for v in self.values]
+        view.lengths, view.rope_delta = self.lengths[:rows], self.rope_delta[:rows]
+        view.capacity = self.capacity
+        return view
+
+    def grow(self, capacity: int) -> None:
+        """Room for `capacity` slots per row, keeping what every row holds."""
+        if capacity <= self.capacity:
+            return
+        for store in (self.keys, self.values):
+            for i, old in enumerate(store):
+                new = old.new_zeros(old.shape[:2] + (capacity,) + old.shape[3:])
+                new[:, :, : self.capacity] = old
+                store[i] = new
+        self.capacity = capacity
+
     def rollback(self, row: int, n: int) -> None:
         if n < 0 or n > int(self.lengths[row]):
             raise ValueError(f"cannot roll row {row} back by {n}: it holds {int(self.lengths[row])} tokens")

@@ -161,6 +161,11 @@ class ThinkerSession(Session):
                                 output_hidden_states=return_hidden)
             self.cache = out.past_key_values
             logits, hidden = out.logits[0], (out.hidden_states[-1][0] if return_hidden else None)
+        return self.output(logits, hidden, return_hidden)
+
+    def output(self, logits: torch.Tensor, hidden: torch.Tensor | None, return_hidden: bool) -> StepOutput:
+        """What `extend` returns for the model's raw (n, vocab) logits and (n, hidden) states: the
+        logits over the shared vocabulary with this caption's blocked ids masked, float32."""
         hidden = hidden.float() if return_hidden else None
         return StepOutput(language_mask.apply(logits[:, : self.lm.vocab_size].float(), self.blocked), hidden)
 

@@ -62,7 +62,7 @@ def dagger_rounds(params: Params, params_path: str | None, train: pd.DataFrame, 
         name = round_gate(result)
         settings, model = round_settings(params, name)
         pool = Pool(params_path, params.sweep.workers if workers is None else workers, params.sweep.threads,
-                    fn=dagger_one, stage="gates")
+                    fn=dagger_one, stage="gates", batch=params.sweep.batch)
         try:
             tables = collect(params, pool, out_dir / f"round{k}", progress=progress, settings=settings, counts=counts)
         finally:

@@ -19,6 +19,7 @@ from ..data.featurize import load_clip_features
 from ..decoding.build import DecodeSpec, build_decoder
 from ..decoding.engine import speculative
 from ..decoding.link import Link
+from ..decoding.lockstep import decode_all
 from ..metrics.bootstrap import bleu1_emotion
 from ..metrics.caption import score_captions
 from .trace_refs import training_clips
@@ -47,13 +48,15 @@ def evaluate_gate(edge, cloud, gate, params: Params, clips: dict[str, list[dict]
         # its flagged tokens judged by its own R for the language
         spec = DecodeSpec.from_params(params, gate_decode(params), gate=gate.name or "candidate",
                                     threshold=None, gate_rank=lang)  # the gate object holds its own
-        caps = []
-        for rec in recs:
+
+        def one(e, c, rec, spec=spec, lang=lang):
             mel, _ = load_clip_features(params.data.processed_dir, rec["id"])
             settings = build_decoder(spec, learned=lambda _spec: gate)
-            r = speculative(edge, cloud, mel, lang, settings, Link(params.link, seed=params.seed))
-            caps.append(r.caption)
-            rhos.append(r.metrics()["rho"])
+            return speculative(e, c, mel, lang, settings, Link(params.link, seed=params.seed))
+
+        made = decode_all(edge, cloud, one, recs, params.sweep.batch)
+        caps = [r.caption for r in made]
+        rhos.extend(r.metrics()["rho"] for r in made)
         s = score_captions(caps, [r["references"] for r in recs], lang, [r.get("emotion") for r in recs])
         per[lang] = {"bleu1": s.bleu1, "emotion_hit_rate": s.emotion_hit_rate,
                      "score": score_of(s.bleu1, s.emotion_hit_rate)}

@@ -103,7 +103,7 @@ def choose_verify_rank(params: Params, params_path: str | None, gates_json: dict
     gate_sha = hashlib.sha256((gate_dir(params) / f"{name}.pkl").read_bytes()).hexdigest()[:12]
     models_fp = models_fingerprint(params)
     pool = Pool(params_path, params.sweep.workers if workers is None else workers, params.sweep.threads,
-                stage="gates")
+                stage="gates", batch=params.sweep.batch)
     try:
         for lang in params.data.languages:
             clips = validation_clips(params, lang)

@@ -1,12 +1,19 @@
 """Worker processes that hold the models, and the job they run most: one caption of one sweep
 configuration. Each process loads the edge and cloud once (the pool's initializer, or
 `ensure_models` on a Dask worker) and keeps a cache of the learned deciders its decoders load.
-The trace jobs (pipeline.traces) read the same models through `worker()`."""
+The trace jobs (pipeline.traces) read the same models through `worker()`.
+
+With `batch` > 1 a worker takes jobs in chunks and runs a chunk's jobs together through the
+batching executor (decoding.lockstep): while the chunk runs, the models every job function reads
+are the executor's stepped ones, so each job function decodes batched without knowing it."""
 
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
+from itertools import islice
 
 from ..config import Params, load_params
 from ..data.featurize import load_clip_features
@@ -14,6 +21,7 @@ from ..decoding.build import DecodeSpec, build_decoder
 from ..decoding.cost import CostModel
 from ..decoding.engine import cloud_only, edge_only, speculative
 from ..decoding.link import Link
+from ..decoding.lockstep import Lockstep
 from ..decoding.relink import link_log
 from ..fanout import WorkerPool
 from .saved import cached_head, load_gate
@@ -110,14 +118,45 @@ def ensure_models(params_path: str | None, threads: int) -> int:
     return _W["loads"]
 
 
-class Loaded:
-    """A Pool-like runner over the models `ensure_models` loaded in this process."""
+def run_chunk(fn: Callable, batch: int, chunk: list) -> list:
+    """fn(job) for every job of `chunk` (at most `batch`), all at once through this process's
+    batching executor (made at the first chunk); returns the results as the jobs end."""
+    key = (batch, id(_W["edge"]), id(_W["cloud"]))
+    if _W.get("lockstep_key") != key:
+        ex = Lockstep(batch)
+        _W.update(lockstep=(ex, ex.wrap(_W["edge"]), ex.wrap(_W["cloud"])), lockstep_key=key)
+    ex, edge, cloud = _W["lockstep"]
+    plain = _W["edge"], _W["cloud"]
+    _W["edge"], _W["cloud"] = edge, cloud
+    try:
+        return list(ex.map(fn, chunk))
+    finally:
+        _W["edge"], _W["cloud"] = plain
 
-    def __init__(self, fn=None):
+
+def chunked(jobs: Iterable, size: int) -> Iterator[list]:
+    it = iter(jobs)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+def chunk_name(chunk: list) -> str:
+    more = f" and {len(chunk) - 1} more decoded with it" if len(chunk) > 1 else ""
+    return job_name(chunk[0]) + more
+
+
+class Loaded:
+    """A Pool-like runner over the models `ensure_models` loaded in this process (`batch` jobs at once
+    with batch > 1)."""
+
+    def __init__(self, fn=None, batch: int = 1):
         self.fn = fn or caption_one
+        self.batch = batch
 
     def imap(self, jobs):
-        return map(self.fn, jobs)
+        if self.batch <= 1:
+            return map(self.fn, jobs)
+        return (out for chunk in chunked(jobs, self.batch) for out in run_chunk(self.fn, self.batch, chunk))
 
     def close(self):
         pass
@@ -133,16 +172,22 @@ def job_name(job: tuple) -> str:
 
 class Pool:
     """Worker processes holding the models; `workers=0` runs in this process (tests, debugging).
-    `fn` is the job function (module-level, takes one job, reads the models from `_W`). A worker
-    that dies raises `WorkerDied` from `imap` (speccap.fanout): the records written so far stay."""
+    `fn` is the job function (module-level, takes one job, reads the models from `_W`); with
+    `batch` > 1 each worker runs `batch` jobs at once (run_chunk). A worker that dies raises
+    `WorkerDied` from `imap` (speccap.fanout): the records written so far stay."""
 
-    def __init__(self, params_path: str | None, workers: int, threads: int, fn=None, stage: str = "decode"):
-        self.workers = workers
+    def __init__(self, params_path: str | None, workers: int, threads: int, fn=None, stage: str = "decode",
+                 batch: int = 1):
+        self.workers, self.batch = workers, batch
         self.fn = fn or caption_one
-        self.pool = WorkerPool(self.fn, workers, stage=stage, initializer=_init_worker, initargs=(params_path, threads))
+        job = self.fn if batch <= 1 else partial(run_chunk, self.fn, batch)
+        self.pool = WorkerPool(job, workers, stage=stage, initializer=_init_worker, initargs=(params_path, threads))
 
     def imap(self, jobs):
-        return self.pool.imap_unordered(jobs, key=job_name)
+        if self.batch <= 1:
+            return self.pool.imap_unordered(jobs, key=job_name)
+        done = self.pool.imap_unordered(chunked(jobs, self.batch), key=chunk_name)
+        return (out for outs in done for out in outs)
 
     def close(self):
         self.pool.close()

@@ -1,0 +1,190 @@
+"""The batching executor: up to B caption loops at once, their model calls packed into one forward
+per model per step.
+
+The loops (edge-only, cloud-only, the blocking loop with block and token gates, the pipelined loop,
+WISV, Q-S, the oracle, trace collection) are plain code that calls its models' sessions. Here each
+loop runs in a greenlet of its own on models whose sessions are rows of a shared `RowPool`: an
+extension hands its tokens to the executor and waits; when every running loop waits, the executor
+runs one forward per model over all their requests and resumes each loop with its own rows, in the
+order the loops started. A loop therefore asks for model work and receives its result, written
+once for both executors: called directly, it is the single executor (`speccap caption`, a stage
+with batch 1); through `Lockstep.map`, the batching one. A rollback changes a row's length and
+needs no forward; a prefill runs when it is asked for, one clip at a time.
+
+Which requests meet in a step depends only on the jobs and B, never on timing, so a batched run
+decodes the same way every time. Its clocks cannot be measured (a caption's forwards are shared), so
+a batched run charges every model call by a cost model (decoding.cost): callers pass one.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+from greenlet import getcurrent, greenlet
+
+from ..models.base import AudioLM, Session, StepOutput
+from ..models.row_pool import RowPool, batchable
+
+
+class _Ask:
+    """A loop's pending extension: tokens for a row of a pool."""
+
+    __slots__ = ("pool", "row", "ids")
+
+    def __init__(self, pool: RowPool, row: int, ids: list[int]):
+        self.pool, self.row, self.ids = pool, row, ids
+
+
+class Lockstep:
+    """Runs jobs `batch` at a time (`map`), on the models `wrap` returns."""
+
+    def __init__(self, batch: int):
+        if batch < 1:
+            raise ValueError(f"the batch must be at least 1 caption, got {batch}")
+        self.batch = batch
+        self.hub: greenlet | None = None  # the greenlet running `map`, while it runs
+        self.pools: list[RowPool] = []
+
+    def wrap(self, lm: AudioLM) -> AudioLM:
+        """`lm` with its sessions as rows of a pool stepped by this executor; a model whose sessions
+        cannot share a step is returned as it is (its forwards then run one at a time)."""
+        if not batchable(lm):
+            return lm
+        pool = RowPool(lm, self.batch)
+        self.pools.append(pool)
+        return SteppedLM(lm, pool, self)
+
+    def ask(self, pool: RowPool, row: int, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A loop's extension: parks the loop until the next step (outside `map`, runs at once)."""
+        if self.hub is None or getcurrent() is self.hub:
+            return pool.run([(row, ids)])[0]
+        return self.hub.switch(_Ask(pool, row, ids))
+
+    def map(self, fn: Callable, jobs: Iterable) -> Iterator:
+        """fn(job) for every job, `batch` loops at a time; yields each result as its loop ends (the
+        order is the same on every run)."""
+        if self.hub is not None:
+            raise RuntimeError("this executor is already running a batch")
+        self.hub = getcurrent()
+        queue = deque(jobs)
+        live: list[tuple[greenlet, _Ask]] = []
+        try:
+            while queue or live:
+                while queue and len(live) < self.batch:  # a finished loop's place goes to the next job
+                    g = greenlet(fn)
+                    out = g.switch(queue.popleft())
+                    if g.dead:
+                        yield out
+                    else:
+                        live.append((g, out))
+                if not live:
+                    continue
+                results = self._step([ask for _, ask in live])
+                waiting = []
+                for (g, _), res in zip(live, results):
+                    out = g.switch(res)
+                    if g.dead:
+                        yield out
+                    else:
+                        waiting.append((g, out))
+                live = waiting
+        finally:
+            self.hub = None
+
+    @staticmethod
+    def _step(asks: list[_Ask]) -> list:
+        """One forward per pool over its requests; each request's result, in order."""
+        results: list = [None] * len(asks)
+        by_pool: dict[int, list[int]] = {}
+        for i, ask in enumerate(asks):
+            by_pool.setdefault(id(ask.pool), []).append(i)
+        for idx in by_pool.values():
+            pool = asks[idx[0]].pool
+            for i, out in zip(idx, pool.run([(asks[i].row, asks[i].ids) for i in idx])):
+                results[i] = out
+        return results
+
+
+def decode_all(edge: AudioLM, cloud: AudioLM, fn: Callable, jobs: list, batch: int) -> list:
+    """[fn(edge, cloud, job) for job in jobs], `batch` jobs at a time through a `Lockstep` (1: one at
+    a time, on the models themselves); in the jobs' order."""
+    if batch <= 1:
+        return [fn(edge, cloud, job) for job in jobs]
+    ex = Lockstep(batch)
+    e, c = ex.wrap(edge), ex.wrap(cloud)
+    out = dict(ex.map(lambda ij: (ij[0], fn(e, c, ij[1])), list(enumerate(jobs))))
+    return [out[i] for i in range(len(jobs))]
+
+
+class SteppedLM(AudioLM):
+    """An `AudioLM` whose sessions are rows of `pool`, extended through `executor`."""
+
+    def __init__(self, lm: AudioLM, pool: RowPool, executor: Lockstep):
+        self.lm, self.pool, self.executor = lm, pool, executor
+        self.name = lm.name
+
+    def __getattr__(self, name):  # anything else is the model's own (tests read e.g. `.model`)
+        return getattr(self.lm, name)
+
+    @property
+    def vocab_limit(self):
+        return self.lm.vocab_limit
+
+    @property
+    def uplink(self):
+        return self.lm.uplink
+
+    @property
+    def tokenizer(self):
+        return self.lm.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm.vocab_size
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.lm.eos_token_id
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm.dtype
+
+    def start(self, features: np.ndarray, language: str, hidden: bool = False) -> Session:
+        return SteppedSession(self, self.lm.start(features, language, hidden))
+
+
+class SteppedSession(Session):
+    """A prefilled session moved into a row of its model's pool; the row is freed with the session."""
+
+    def __init__(self, owner: SteppedLM, prefilled):
+        self.pool, self.executor = owner.pool, owner.executor
+        self.prefilled = prefilled  # its logits mask and `output`; its own cache is dropped below
+        self.prefill_logits, self.prefill_hidden = prefilled.prefill_logits, prefilled.prefill_hidden
+        self.prompt_len = prefilled.prompt_len
+        self.row = self.pool.admit(prefilled)
+        prefilled.cache = None
+        weakref.finalize(self, self.pool.release, self.row)
+
+    @property
+    def length(self) -> int:
+        return self.pool.length(self.row) - self.prompt_len
+
+    def extend(self, token_ids: list[int], return_hidden: bool = False) -> StepOutput:
+        if not token_ids:
+            raise ValueError("extend() needs at least one token")
+        logits, hidden = self.executor.ask(self.pool, self.row, list(token_ids))
+        return self.prefilled.output(logits.clone(), hidden.clone() if return_hidden else None, return_hidden)
+
+    def rollback(self, n: int) -> None:
+        if n < 0 or n > self.length:
+            raise ValueError(f"cannot roll back {n} tokens: the session holds {self.length} caption tokens")
+        self.pool.rollback(self.row, n)

@@ -1,0 +1,139 @@
+"""The batching executor (decoding.lockstep) against the single one: every loop decodes the same
+captions with the same records when its model calls are packed with other captions' into shared
+forwards, and the loops' invariants hold batched."""
+
+import numpy as np
+import pytest
+import torch
+
+from speccap.config import LinkConfig
+from speccap.decoding.cost import CostModel
+from speccap.decoding.decision_head import DecisionHead
+from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, speculative
+from speccap.decoding.gates import make_gate
+from speccap.decoding.link import Link
+from speccap.decoding.lockstep import Lockstep, SteppedLM, decode_all
+from speccap.decoding.policies import Fixed, UGSDAdaptive
+from speccap.decoding.rules import make_rule
+from speccap.decoding.verify import Rank
+from speccap.decoding.wisv import WISV
+
+from ..models.conftest import tiny_lm
+
+MAX = 20
+# a clock that charges by the cost model: the same seconds in both executors
+COST = CostModel({r: {"prefill": [1e-3, 1e-5], "extend": [2e-4, 5e-5, 1e-7]} for r in ("edge", "cloud")})
+# what only the measured world sets: wall time, the seconds inside forwards, the process's CPU and memory
+UNSHARED = {"wall_time", "model_time", "cpu_percent", "ram_gb"}
+
+
+@pytest.fixture(scope="module")
+def clips():
+    rng = np.random.default_rng(5)
+    return [(rng.standard_normal((128, frames)).astype(np.float32), lang)
+            for frames, lang in ((230, "en"), (120, "zh"), (310, "en"), (90, "en"), (170, "zh"), (260, "zh"))]
+
+
+def _settings(gate="entropy", threshold=1.5, rule="greedy", policy=None, **kw):
+    return SpecSettings(gate=make_gate(gate, threshold, level=kw.pop("level", "block")),
+                        rule=kw.pop("rule_obj", None) or make_rule(rule, rank=kw.pop("rank", 2)),
+                        policy=policy or Fixed(4), max_new_tokens=MAX, cost=COST, **kw)
+
+
+def _head(edge, cloud):
+    torch.manual_seed(0)
+    d = edge.model.config.get_text_config().hidden_size
+    return DecisionHead(d, cloud.model.config.get_text_config().hidden_size).eval()
+
+
+LOOPS = {
+    "edge-only": lambda e, c, mel, lang: edge_only(e, mel, lang, MAX, cost=COST),
+    "cloud-only": lambda e, c, mel, lang: cloud_only(c, mel, lang, Link(LinkConfig()), MAX, cost=COST),
+    "block gate": lambda e, c, mel, lang: speculative(e, c, mel, lang, _settings(), Link(LinkConfig())),
+    "adaptive L, rank 2": lambda e, c, mel, lang: speculative(
+        e, c, mel, lang, _settings(rule="rank", policy=UGSDAdaptive()), Link(LinkConfig())),
+    "token gate, alone": lambda e, c, mel, lang: speculative(
+        e, c, mel, lang, _settings(level="token"), Link(LinkConfig())),
+    "token gate, hidden": lambda e, c, mel, lang: speculative(
+        e, c, mel, lang, _settings(level="token", trace_hidden=True), Link(LinkConfig())),
+    "pipelined": lambda e, c, mel, lang: speculative(e, c, mel, lang, _settings(in_flight=2), Link(LinkConfig())),
+    "no cloud cache": lambda e, c, mel, lang: speculative(
+        e, c, mel, lang, _settings(cloud_cache=False), Link(LinkConfig())),
+    "oracle at a budget": lambda e, c, mel, lang: speculative(
+        e, c, mel, lang, _settings("always", None, rule_obj=Rank(1, 2)), Link(LinkConfig())),
+    "wisv": lambda e, c, mel, lang: speculative(
+        e, c, mel, lang, _settings("always", None, rule_obj=WISV(_head(e, c), 0.5)), Link(LinkConfig())),
+}
+
+
+def _same(single, batched):
+    a = {k: v for k, v in single.metrics().items() if k not in UNSHARED}
+    b = {k: v for k, v in batched.metrics().items() if k not in UNSHARED}
+    assert single.token_ids == batched.token_ids
+    assert a == b
+    assert [(p["kind"], p["bytes"]) for p in single.packets] == [(p["kind"], p["bytes"]) for p in batched.packets]
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_every_loop_decodes_the_same_captions_batched(pair, clips, loop):
+    edge, cloud = pair
+    fn = LOOPS[loop]
+    single = [fn(edge, cloud, mel, lang) for mel, lang in clips]
+    ex = Lockstep(4)  # fewer rows than clips: finished loops hand their place to the next clip
+    e, c = ex.wrap(edge), ex.wrap(cloud)
+    assert isinstance(e, SteppedLM) and isinstance(c, SteppedLM)
+    batched = dict(ex.map(lambda job: (job[0], fn(e, c, *job[1])), list(enumerate(clips))))
+    for i, rec in enumerate(single):
+        _same(rec, batched[i])
+    pools = [p for p in ex.pools if p.steps]
+    assert pools, "nothing went through a batched forward"
+    assert any(p.asked > p.steps for p in pools), "no forward served more than one caption"
+    assert all(not p.cache.lengths.any() for p in ex.pools), "a finished caption kept its row"
+
+
+def test_the_invariants_hold_batched(pair, clips):
+    """Threshold +inf is edge-only exactly; -inf with greedy verification is cloud-only exactly."""
+    edge, cloud = pair
+    alone_e = [edge_only(edge, mel, lang, MAX, cost=COST).token_ids for mel, lang in clips]
+    alone_c = [cloud_only(cloud, mel, lang, Link(LinkConfig()), MAX, cost=COST).token_ids for mel, lang in clips]
+
+    def run(threshold):
+        return lambda e, c, job: speculative(e, c, job[0], job[1], _settings("entropy", threshold),
+                                             Link(LinkConfig())).token_ids
+
+    assert decode_all(edge, cloud, run(float("inf")), clips, 3) == alone_e
+    assert decode_all(edge, cloud, run(float("-inf")), clips, 3) == alone_c
+    assert alone_e != alone_c  # the two models really differ
+
+
+def test_rows_come_and_go(pair, clips):
+    """A loop holding two sessions of one model at once (no cloud cache: a fresh one per round) gets
+    more rows than the batch; a caption longer than a row's room grows the cache."""
+    edge, cloud = pair
+    ex = Lockstep(2)
+    c = ex.wrap(cloud)
+    sessions = [c.start(mel, lang) for mel, lang in clips[:3]]  # 3 sessions on a 2-row pool
+    assert sorted(s.row for s in sessions) == [0, 1, 2]
+    capacity = ex.pools[0].cache.capacity
+    long = list(range(5, 5 + 90)) * 3
+    out = sessions[0].extend(long)  # runs at once outside a batch
+    assert out.logits.shape[0] == len(long) and ex.pools[0].cache.capacity > capacity
+    alone = cloud.start(*clips[0])
+    want = alone.extend(long).logits
+    torch.testing.assert_close(out.logits, want, atol=1e-4, rtol=1e-4)
+    sessions[0].rollback(len(long))
+    assert sessions[0].length == 0
+    row = sessions[1].row
+    del sessions[1]  # its row is free again, and the lowest free row is handed out first
+    assert c.start(*clips[3]).row == row
+
+
+def test_a_model_that_cannot_share_a_step_runs_alone():
+    """Qwen3-Omni-MoE sessions take HF's forward: the executor leaves the model as it is."""
+    moe = tiny_lm("qwen3_omni_moe")
+    assert Lockstep(4).wrap(moe) is moe
+
+
+def test_bad_batches_are_refused():
+    with pytest.raises(ValueError, match="at least 1"):
+        Lockstep(0)
