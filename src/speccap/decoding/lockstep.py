@@ -6,10 +6,11 @@ WISV, Q-S, the oracle, trace collection) are plain code that calls its models' s
 loop runs in a greenlet of its own on models whose sessions are rows of a shared `RowPool`: an
 extension hands its tokens to the executor and waits; when every running loop waits, the executor
 runs one forward per model over all their requests and resumes each loop with its own rows, in the
-order the loops started. A loop therefore asks for model work and receives its result, written
-once for both executors: called directly, it is the single executor (`speccap caption`, a stage
-with batch 1); through `Lockstep.map`, the batching one. A rollback changes a row's length and
-needs no forward; a prefill runs when it is asked for, one clip at a time.
+order the loops started. A session's start is a request too: the clips starting in a step share
+one prefill forward (audio encoder and prompt). A loop therefore asks for model work and receives
+its result, written once for both executors: called directly, it is the single executor (`speccap
+caption`, a stage with batch 1); through `Lockstep.map`, the batching one. A rollback changes a
+row's length and needs no forward.
 
 Which requests meet in a step depends only on the jobs and B, never on timing, so a batched run
 decodes the same way every time. Its clocks cannot be measured (a caption's forwards are shared), so
@@ -27,7 +28,8 @@ import torch
 from greenlet import getcurrent, greenlet
 
 from ..models.base import AudioLM, Session, StepOutput
-from ..models.row_pool import RowPool, batchable
+from ..models.row_pool import Prefilled, RowPool, batchable
+from ..models.thinker import step_output
 
 
 class _Ask:
@@ -37,6 +39,23 @@ class _Ask:
 
     def __init__(self, pool: RowPool, row: int, ids: list[int]):
         self.pool, self.row, self.ids = pool, row, ids
+
+    @staticmethod
+    def run(pool: RowPool, asks: list[_Ask]) -> list:
+        return pool.run([(a.row, a.ids) for a in asks])
+
+
+class _Start:
+    """A loop's pending session start: a clip's features for a pool's prefill."""
+
+    __slots__ = ("pool", "features", "language", "hidden")
+
+    def __init__(self, pool: RowPool, features: np.ndarray, language: str, hidden: bool):
+        self.pool, self.features, self.language, self.hidden = pool, features, language, hidden
+
+    @staticmethod
+    def run(pool: RowPool, asks: list[_Start]) -> list:
+        return pool.prefill([(a.features, a.language, a.hidden) for a in asks])
 
 
 class Lockstep:
@@ -58,11 +77,11 @@ class Lockstep:
         self.pools.append(pool)
         return SteppedLM(lm, pool, self)
 
-    def ask(self, pool: RowPool, row: int, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A loop's extension: parks the loop until the next step (outside `map`, runs at once)."""
+    def ask(self, ask: _Ask | _Start):
+        """A loop's model call: parks the loop until the next step (outside `map`, runs at once)."""
         if self.hub is None or getcurrent() is self.hub:
-            return pool.run([(row, ids)])[0]
-        return self.hub.switch(_Ask(pool, row, ids))
+            return ask.run(ask.pool, [ask])[0]
+        return self.hub.switch(ask)
 
     def map(self, fn: Callable, jobs: Iterable) -> Iterator:
         """fn(job) for every job, `batch` loops at a time; yields each result as its loop ends (the
@@ -96,15 +115,14 @@ class Lockstep:
             self.hub = None
 
     @staticmethod
-    def _step(asks: list[_Ask]) -> list:
-        """One forward per pool over its requests; each request's result, in order."""
+    def _step(asks: list[_Ask | _Start]) -> list:
+        """One forward per pool and kind of call over its requests; each request's result, in order."""
         results: list = [None] * len(asks)
-        by_pool: dict[int, list[int]] = {}
+        groups: dict[tuple[int, type], list[int]] = {}
         for i, ask in enumerate(asks):
-            by_pool.setdefault(id(ask.pool), []).append(i)
-        for idx in by_pool.values():
-            pool = asks[idx[0]].pool
-            for i, out in zip(idx, pool.run([(asks[i].row, asks[i].ids) for i in idx])):
+            groups.setdefault((id(ask.pool), type(ask)), []).append(i)
+        for (_, kind), idx in groups.items():
+            for i, out in zip(idx, kind.run(asks[idx[0]].pool, [asks[i] for i in idx])):
                 results[i] = out
         return results
 
@@ -159,19 +177,17 @@ class SteppedLM(AudioLM):
         return self.lm.dtype
 
     def start(self, features: np.ndarray, language: str, hidden: bool = False) -> Session:
-        return SteppedSession(self, self.lm.start(features, language, hidden))
+        return SteppedSession(self, self.executor.ask(_Start(self.pool, features, language, hidden)))
 
 
 class SteppedSession(Session):
-    """A prefilled session moved into a row of its model's pool; the row is freed with the session."""
+    """A session in a row of its model's pool; the row is freed with the session."""
 
-    def __init__(self, owner: SteppedLM, prefilled):
-        self.pool, self.executor = owner.pool, owner.executor
-        self.prefilled = prefilled  # its logits mask and `output`; its own cache is dropped below
-        self.prefill_logits, self.prefill_hidden = prefilled.prefill_logits, prefilled.prefill_hidden
-        self.prompt_len = prefilled.prompt_len
-        self.row = self.pool.admit(prefilled)
-        prefilled.cache = None
+    def __init__(self, owner: SteppedLM, start: Prefilled):
+        self.lm, self.pool, self.executor = owner.lm, owner.pool, owner.executor
+        self.row, self.blocked = start.row, start.blocked
+        self.prefill_logits, self.prefill_hidden = start.prefill_logits, start.prefill_hidden
+        self.prompt_len = start.prompt_len
         weakref.finalize(self, self.pool.release, self.row)
 
     @property
@@ -181,8 +197,9 @@ class SteppedSession(Session):
     def extend(self, token_ids: list[int], return_hidden: bool = False) -> StepOutput:
         if not token_ids:
             raise ValueError("extend() needs at least one token")
-        logits, hidden = self.executor.ask(self.pool, self.row, list(token_ids))
-        return self.prefilled.output(logits.clone(), hidden.clone() if return_hidden else None, return_hidden)
+        logits, hidden = self.executor.ask(_Ask(self.pool, self.row, list(token_ids)))
+        return step_output(self.lm, self.blocked, logits.clone(), hidden.clone() if return_hidden else None,
+                           return_hidden)
 
     def rollback(self, n: int) -> None:
         if n < 0 or n > self.length:

@@ -42,14 +42,15 @@ class BatchedCache:
     def rows(self) -> int:
         return self.lengths.shape[0]
 
-    def load_row(self, row: int, cache, rope_delta: int = 0) -> None:
-        """Row `row` becomes a copy of a single-sequence `DynamicCache` (a prefilled session's)."""
-        n = cache.get_seq_length()
+    def load_row(self, row: int, cache, rope_delta: int = 0, source: int = 0, length: int | None = None) -> None:
+        """Row `row` becomes a copy of the first `length` positions (None: all) of row `source` of a
+        `DynamicCache` (a prefilled session's, or a batch prefill's)."""
+        n = cache.get_seq_length() if length is None else length
         if n > self.capacity:
             raise ValueError(f"a sequence of {n} tokens does not fit {self.capacity} slots")
         for i, layer in enumerate(cache.layers):
-            self.keys[i][row, :, :n] = layer.keys[0]
-            self.values[i][row, :, :n] = layer.values[0]
+            self.keys[i][row, :, :n] = layer.keys[source, :, :n]
+            self.values[i][row, :, :n] = layer.values[source, :, :n]
         self.lengths[row] = n
         self.rope_delta[row] = rope_delta
 
@@ -137,11 +138,12 @@ class BatchedStep(FastStep):
             keys.scatter_(2, where, k)
             values.scatter_(2, where, v)
             k_all, v_all = keys[:, :, :span], values[:, :, :span]
-            if groups > 1:
-                k_all, v_all = k_all.repeat_interleave(groups, dim=1), v_all.repeat_interleave(groups, dim=1)
-            if self.sdpa:
-                a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=self.scaling)
+            if self.sdpa:  # grouped-query attention without copying each key head `groups` times
+                a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=self.scaling,
+                                                   enable_gqa=groups > 1)
             else:
+                if groups > 1:
+                    k_all, v_all = k_all.repeat_interleave(groups, dim=1), v_all.repeat_interleave(groups, dim=1)
                 w = torch.matmul(q, k_all.transpose(2, 3)) * self.scaling
                 w = torch.softmax(w.masked_fill(~mask, torch.finfo(w.dtype).min), dim=-1, dtype=torch.float32)
                 a = torch.matmul(w.to(q.dtype), v_all)

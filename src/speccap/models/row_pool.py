@@ -1,7 +1,8 @@
 """The sessions of one thinker as rows of one batched KV cache, stepped together.
 
-A session starts as it does alone (`ThinkerLM.start`: HF's forward over audio and prompt), then its
-cache moves into a free row of the pool's `BatchedCache`. From there its extensions are requests
+Sessions start together: one HF forward over the audio and prompts of every clip asking (`prefill`,
+padded to the longest), each clip's cache then moved into a free row of the pool's `BatchedCache`.
+From there a session's extensions are requests
 (row, tokens) that `run` packs with every other row's into one `BatchedStep` forward, and a rollback
 is that row's length going down. Rows are handed out lowest first and a step runs over the rows up
 to the highest one asking, so a half-empty pool pays for the rows in use, not for its size.
@@ -13,13 +14,26 @@ holds it); the executor that decides which requests meet in a step is decoding.l
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from . import fast_step
+from . import fast_step, language_mask
 from .base import AudioLM
 from .batched_step import BatchedCache, BatchedStep
-from .thinker import ThinkerLM, ThinkerSession
+from .thinker import ThinkerLM
+
+
+@dataclass
+class Prefilled:
+    """A session's start in a row of the pool: what `Session` exposes after its prefill."""
+
+    row: int
+    prefill_logits: torch.Tensor  # (V,) the first caption token's distribution, blocked ids masked
+    prefill_hidden: torch.Tensor | None  # (H,) the state at the prompt's last position, when asked for
+    prompt_len: int
+    blocked: torch.Tensor  # token ids the caption's language may not use
 
 # slots a row is given beyond its prompt when it moves in; a longer caption grows the cache
 _ROOM = 160
@@ -55,16 +69,53 @@ class RowPool:
         return self.cache.rows
 
     @torch.inference_mode()
-    def admit(self, sess: ThinkerSession) -> int:
-        """Move a prefilled session's cache into a free row; returns the row."""
+    def prefill(self, asks: list[tuple[np.ndarray, str, bool]]) -> list[Prefilled]:
+        """Start a session for each (features (n_mels, frames), language, hidden) in ONE forward of
+        the model (audio encoder and prompt, padded to the longest) and move each into a free row.
+        What `ThinkerLM.start` computes for each clip alone, within float rounding; `hidden`: keep the
+        last-layer state at the prompt's last position."""
+        lm, model = self.lm, self.lm.model
+        feats = [np.asarray(f, np.float32) for f, _, _ in asks]
+        for f in feats:
+            if f.ndim != 2:
+                raise ValueError(f"audio features must be (n_mels, frames), got shape {f.shape}")
+        b, frames = len(feats), [f.shape[1] for f in feats]
+        x = torch.zeros((b, feats[0].shape[0], max(frames)))
+        fmask = torch.zeros((b, max(frames)), dtype=torch.long)
+        prompts = [lm.prompt_ids(n, language) for n, (_, language, _) in zip(frames, asks)]
+        ids = torch.full((b, max(map(len, prompts))), lm.pad_token_id)
+        attn = torch.zeros_like(ids)
+        for i, (f, prompt) in enumerate(zip(feats, prompts)):
+            x[i, :, : f.shape[1]] = torch.from_numpy(f)
+            fmask[i, : f.shape[1]] = 1
+            ids[i, : len(prompt)] = torch.tensor(prompt)
+            attn[i, : len(prompt)] = 1
+        dev = lm.device
+        ids, attn, fmask = ids.to(dev), attn.to(dev), fmask.to(dev)
+        positions, delta = model.model.get_rope_index(ids, None, None, attn, False, fmask.sum(-1), None)
+        hidden = any(h for _, _, h in asks)
+        out = model(input_ids=ids, input_features=x.to(device=dev, dtype=lm.dtype), feature_attention_mask=fmask,
+                    attention_mask=attn, position_ids=positions, use_cache=True, output_hidden_states=hidden)
+        delta = delta.reshape(b, -1)[:, 0]
+        made = []
+        for i, ((_, language, want_hidden), prompt) in enumerate(zip(asks, prompts)):
+            n = len(prompt)
+            row = self._free_row(n)
+            self.cache.load_row(row, out.past_key_values, int(delta[i]), source=i, length=n)
+            blocked = lm.blocked_ids(language)
+            logits = language_mask.apply(out.logits[i, n - 1, : lm.vocab_size].float().clone(), blocked)
+            state = out.hidden_states[-1][i, n - 1].float().clone() if want_hidden else None
+            made.append(Prefilled(row, logits, state, n, blocked))
+        return made
+
+    def _free_row(self, prompt_len: int) -> int:
+        """The lowest free row, with room for `prompt_len` positions and a caption."""
         if not self.free:  # a loop holding two sessions at once (a new one before the old is dropped)
             more = self.rows
             self.cache.add_rows(more)
             self.free = list(range(self.rows - more, self.rows))
-        self.cache.grow(_capacity(sess.cache.get_seq_length() + _ROOM))
-        row = heapq.heappop(self.free)
-        self.cache.load_row(row, sess.cache, sess.rope_delta)
-        return row
+        self.cache.grow(_capacity(prompt_len + _ROOM))
+        return heapq.heappop(self.free)
 
     @torch.inference_mode()
     def release(self, row: int) -> None:

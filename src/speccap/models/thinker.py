@@ -164,10 +164,7 @@ class ThinkerSession(Session):
         return self.output(logits, hidden, return_hidden)
 
     def output(self, logits: torch.Tensor, hidden: torch.Tensor | None, return_hidden: bool) -> StepOutput:
-        """What `extend` returns for the model's raw (n, vocab) logits and (n, hidden) states: the
-        logits over the shared vocabulary with this caption's blocked ids masked, float32."""
-        hidden = hidden.float() if return_hidden else None
-        return StepOutput(language_mask.apply(logits[:, : self.lm.vocab_size].float(), self.blocked), hidden)
+        return step_output(self.lm, self.blocked, logits, hidden, return_hidden)
 
     def rollback(self, n: int) -> None:
         if n < 0 or n > self.length:
@@ -176,3 +173,11 @@ class ThinkerSession(Session):
             # a negative count removes that many tokens, in transformers 4.x and 5.x alike
             # (5.x refuses a positive max-length)
             self.cache.crop(-n)
+
+
+def step_output(lm: ThinkerLM, blocked: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor | None,
+                return_hidden: bool) -> StepOutput:
+    """What an extension returns for the model's raw (n, vocab) logits and (n, hidden) states: the
+    logits over the shared vocabulary with the caption's `blocked` ids masked, float32."""
+    hidden = hidden.float() if return_hidden else None
+    return StepOutput(language_mask.apply(logits[:, : lm.vocab_size].float(), blocked), hidden)

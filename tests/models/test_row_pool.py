@@ -1,0 +1,56 @@
+"""Sessions as rows of one batched cache (models.row_pool): a batch prefill starts every clip as
+`ThinkerLM.start` does alone, and each row then extends as its own session does."""
+
+import numpy as np
+import pytest
+import torch
+
+from speccap.models import language_mask
+from speccap.models.row_pool import RowPool, batchable
+
+from .conftest import tiny_lm
+
+CLIPS = [(230, "en"), (120, "zh"), (310, "en")]
+
+
+def _features(n_mels=128):
+    rng = np.random.default_rng(7)
+    return [(rng.standard_normal((n_mels, frames)).astype(np.float32), lang) for frames, lang in CLIPS]
+
+
+def test_a_batch_prefill_starts_each_clip_as_it_starts_alone():
+    lm = tiny_lm("qwen2_5_omni")
+    pool = RowPool(lm, rows=2)  # three clips on two rows: the pool grows
+    clips = _features()
+    rows = pool.prefill([(f, lang, i == 1) for i, (f, lang) in enumerate(clips)])
+    assert sorted(r.row for r in rows) == [0, 1, 2]
+    for i, ((f, lang), got) in enumerate(zip(clips, rows)):
+        alone = lm.start(f, lang, hidden=i == 1)
+        assert got.prompt_len == alone.prompt_len and pool.length(got.row) == alone.prompt_len
+        torch.testing.assert_close(got.prefill_logits, alone.prefill_logits, atol=1e-4, rtol=1e-4)
+        assert int(got.prefill_logits.argmax()) == int(alone.prefill_logits.argmax())
+        if i == 1:
+            torch.testing.assert_close(got.prefill_hidden, alone.prefill_hidden, atol=1e-4, rtol=1e-4)
+        else:
+            assert got.prefill_hidden is None
+        assert torch.equal(got.blocked, alone.blocked)
+        # the row's cache is the clip's: a ragged step extends each as its own session does
+        toks = [5, 6, 7][: i + 1]
+        want = alone.extend(toks).logits
+        have = language_mask.apply(pool.run([(got.row, toks)])[0][0][:, : lm.vocab_size].clone(), got.blocked)
+        torch.testing.assert_close(have, want, atol=1e-4, rtol=1e-4)
+    pool.release(rows[0].row)
+    assert pool.length(rows[0].row) == 0
+    assert pool.prefill([(clips[0][0], "en", False)])[0].row == rows[0].row  # the lowest free row first
+
+
+def test_a_bad_clip_or_model_is_named():
+    lm = tiny_lm("qwen2_5_omni")
+    with pytest.raises(ValueError, match=r"\(n_mels, frames\)"):
+        RowPool(lm, 2).prefill([(np.zeros(10, np.float32), "en", False)])
+    with pytest.raises(ValueError, match="at least one row"):
+        RowPool(lm, 0)
+    moe = tiny_lm("qwen3_omni_moe")
+    assert not batchable(moe)
+    with pytest.raises(ValueError, match="cannot share a batched step"):
+        RowPool(moe, 2)
