@@ -24,3 +24,25 @@ def test_sixteen_clients_twenty_captions_each(pair, clips, serve):
     health = srv.server.config.app.state.stats
     assert health["verified_rounds"] == summary["verify_requests"] and health["failed"] == 0
     assert len(srv.server.config.app.state.store) == 0  # every session closed
+
+
+def test_a_batching_server_verifies_concurrent_sessions_together_with_the_same_captions(pair, clips, serve,
+                                                                                        client_for):
+    """`--batch`: the verify requests of concurrent sessions share forwards (gathered over a window),
+    and every caption is still the in-process loop's, for a greedy, a rank and a sampling rule."""
+    edge, cloud = pair
+    srv = serve(batch=8, batch_window_ms=20.0)
+    jobs = [(mel, "en") for _, mel in clips]
+    for case in (dict(), dict(rule="rank", rank=2), dict(rule="spec_sampling", temperature=1.0, seed=3)):
+        def make(case=case):
+            return settings(**case)
+        expected = [speculative(edge, cloud, mel, "en", make(), link()).token_ids for mel, _ in jobs]
+        summary, captions, errors = run_load(edge, srv.url, TOKEN, jobs, make, LinkConfig(), clients=6, per_client=4)
+        assert errors == [] and summary["lost"] == 0 and summary["fallback_blocks"] == 0
+        assert all(c.token_ids == expected[c.job] for c in captions)
+    gather = srv.server.config.app.state.gather
+    assert gather.calls > gather.forwards > 0  # some forwards served more than one session
+    health = client_for(srv).health()
+    assert health["gathered_calls"] == gather.calls and health["failed"] == 0
+    assert len(srv.server.config.app.state.store) == 0
+    assert not any(p.cache.lengths.any() for p in gather.pools)  # every closed session freed its row

@@ -71,11 +71,7 @@ class Lockstep:
     def wrap(self, lm: AudioLM) -> AudioLM:
         """`lm` with its sessions as rows of a pool stepped by this executor; a model whose sessions
         cannot share a step is returned as it is (its forwards then run one at a time)."""
-        if not batchable(lm):
-            return lm
-        pool = RowPool(lm, self.batch)
-        self.pools.append(pool)
-        return SteppedLM(lm, pool, self)
+        return stepped(lm, self, self.batch, self.pools)
 
     def ask(self, ask: _Ask | _Start):
         """A loop's model call: parks the loop until the next step (outside `map`, runs at once)."""
@@ -102,7 +98,7 @@ class Lockstep:
                         live.append((g, out))
                 if not live:
                     continue
-                results = self._step([ask for _, ask in live])
+                results = step_all([ask for _, ask in live])
                 waiting = []
                 for (g, _), res in zip(live, results):
                     out = g.switch(res)
@@ -114,17 +110,29 @@ class Lockstep:
         finally:
             self.hub = None
 
-    @staticmethod
-    def _step(asks: list[_Ask | _Start]) -> list:
-        """One forward per pool and kind of call over its requests; each request's result, in order."""
-        results: list = [None] * len(asks)
-        groups: dict[tuple[int, type], list[int]] = {}
-        for i, ask in enumerate(asks):
-            groups.setdefault((id(ask.pool), type(ask)), []).append(i)
-        for (_, kind), idx in groups.items():
-            for i, out in zip(idx, kind.run(asks[idx[0]].pool, [asks[i] for i in idx])):
-                results[i] = out
-        return results
+
+
+def step_all(asks: list[_Ask | _Start]) -> list:
+    """One forward per pool and kind of call over `asks` (at most one per row); each one's result,
+    in order."""
+    results: list = [None] * len(asks)
+    groups: dict[tuple[int, type], list[int]] = {}
+    for i, ask in enumerate(asks):
+        groups.setdefault((id(ask.pool), type(ask)), []).append(i)
+    for (_, kind), idx in groups.items():
+        for i, out in zip(idx, kind.run(asks[idx[0]].pool, [asks[i] for i in idx])):
+            results[i] = out
+    return results
+
+
+def stepped(lm: AudioLM, executor, rows: int, pools: list[RowPool]) -> AudioLM:
+    """`lm` with its sessions as rows of a new pool (`rows` to start with, added to `pools`) whose
+    calls go through `executor.ask`; a model whose sessions cannot share a step, as it is."""
+    if not batchable(lm):
+        return lm
+    pool = RowPool(lm, rows)
+    pools.append(pool)
+    return SteppedLM(lm, pool, executor)
 
 
 def decode_all(edge: AudioLM, cloud: AudioLM, fn: Callable, jobs: list, batch: int) -> list:
@@ -139,9 +147,10 @@ def decode_all(edge: AudioLM, cloud: AudioLM, fn: Callable, jobs: list, batch: i
 
 
 class SteppedLM(AudioLM):
-    """An `AudioLM` whose sessions are rows of `pool`, extended through `executor`."""
+    """An `AudioLM` whose sessions are rows of `pool`, started and extended through `executor`
+    (a `Lockstep`, or the server's `gather.Gather`)."""
 
-    def __init__(self, lm: AudioLM, pool: RowPool, executor: Lockstep):
+    def __init__(self, lm: AudioLM, pool: RowPool, executor):
         self.lm, self.pool, self.executor = lm, pool, executor
         self.name = lm.name
 

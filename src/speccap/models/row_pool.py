@@ -13,7 +13,9 @@ holds it); the executor that decides which requests meet in a step is decoding.l
 
 from __future__ import annotations
 
+import functools
 import heapq
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +41,16 @@ class Prefilled:
 _ROOM = 160
 
 
+def _guarded(method):
+    """`method` holding the pool's lock, in inference mode (a tensor made there cannot be written
+    outside it, so the cache is made, grown and written there throughout)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.lock, torch.inference_mode():
+            return method(self, *args, **kwargs)
+    return run
+
+
 def batchable(lm: AudioLM) -> bool:
     """Whether `lm`'s sessions can share a batched step (a Qwen2.5-Omni thinker the fast step
     supports); any other model's sessions run one forward each."""
@@ -56,11 +68,13 @@ class RowPool:
             raise ValueError(f"a row pool needs at least one row, got {rows}")
         self.lm = lm
         self.step = BatchedStep(lm.model)
-        # made, grown and written in inference mode throughout (a tensor made there cannot be
-        # written outside it)
-        with torch.inference_mode():
+        with torch.inference_mode():  # see _guarded
             self.cache = BatchedCache(self.step, rows, _ROOM)
         self.free = list(range(rows))  # a heap: the lowest free row is handed out first
+        # the verifier server's request threads roll rows back and free them while its executor's
+        # thread steps (decoding.gather): every use of the cache holds this (reentrant: a session
+        # freed by the garbage collector in the middle of a step releases its row in that thread)
+        self.lock = threading.RLock()
         self.steps = 0  # forwards run (one per `run`)
         self.asked = 0  # requests they served
 
@@ -68,7 +82,7 @@ class RowPool:
     def rows(self) -> int:
         return self.cache.rows
 
-    @torch.inference_mode()
+    @_guarded
     def prefill(self, asks: list[tuple[np.ndarray, str, bool]]) -> list[Prefilled]:
         """Start a session for each (features (n_mels, frames), language, hidden) in ONE forward of
         the model (audio encoder and prompt, padded to the longest) and move each into a free row.
@@ -117,20 +131,21 @@ class RowPool:
         self.cache.grow(_capacity(prompt_len + _ROOM))
         return heapq.heappop(self.free)
 
-    @torch.inference_mode()
+    @_guarded
     def release(self, row: int) -> None:
         self.cache.lengths[row] = 0
         heapq.heappush(self.free, row)
 
+    @_guarded
     def length(self, row: int) -> int:
         """Positions row `row` holds (prompt included)."""
         return int(self.cache.lengths[row])
 
-    @torch.inference_mode()
+    @_guarded
     def rollback(self, row: int, n: int) -> None:
         self.cache.rollback(row, n)
 
-    @torch.inference_mode()
+    @_guarded
     def run(self, asks: list[tuple[int, list[int]]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One forward for every (row, tokens) in `asks` (one request per row); returns each one's
         (logits (n, vocab), last hidden states (n, hidden)), in the order asked: views of the batch's

@@ -80,10 +80,12 @@ def _check_token(token: str, where: str) -> None:
 
 
 def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), compute_slots: int = 1,
-               reap_every: float | None = None, wisv_head=None) -> FastAPI:
+               reap_every: float | None = None, wisv_head=None, batch: int = 1,
+               batch_window_ms: float = 2.0) -> FastAPI:
     """The verifier app around one loaded cloud model (speccap.serving.verifier.Verifier holds it and
-    answers each endpoint); a background task expires idle sessions every `reap_every` seconds."""
-    v = Verifier(lm, tokens, limits, compute_slots, wisv_head)
+    answers each endpoint); a background task expires idle sessions every `reap_every` seconds.
+    `batch` / `batch_window_ms`: verify concurrent sessions' requests in one forward (Verifier)."""
+    v = Verifier(lm, tokens, limits, compute_slots, wisv_head, batch, batch_window_ms)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -97,11 +99,14 @@ def create_app(lm: AudioLM, tokens: dict[str, str], limits: Limits = Limits(), c
             yield
         finally:
             task.cancel()
+            if v.gather is not None:
+                v.gather.close()
 
     app = FastAPI(title="speccap verifier", version=str(packets.VERSION), lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.store = v.store
     app.state.stats = v.stats
+    app.state.gather = v.gather
 
     @app.exception_handler(ServingError)
     async def refused(request: Request, exc: ServingError):
@@ -163,7 +168,8 @@ class BackgroundServer:
 
 
 def serve(lm: AudioLM, tokens: dict[str, str], limits: Limits, host: str = "127.0.0.1", port: int = 8765,
-          certfile: str | None = None, keyfile: str | None = None, compute_slots: int = 1, wisv_head=None) -> None:
+          certfile: str | None = None, keyfile: str | None = None, compute_slots: int = 1, wisv_head=None,
+          batch: int = 1, batch_window_ms: float = 2.0) -> None:
     """Run the verifier in the foreground until interrupted (`speccap serve-cloud`)."""
     import uvicorn
     if bool(certfile) != bool(keyfile):
@@ -173,7 +179,8 @@ def serve(lm: AudioLM, tokens: dict[str, str], limits: Limits, host: str = "127.
             raise FileNotFoundError(f"TLS file {f} not found")
     if not certfile and host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without TLS: the bearer token and features cross the network in clear", host)
-    app = create_app(lm, tokens, limits, compute_slots, wisv_head=wisv_head)
+    app = create_app(lm, tokens, limits, compute_slots, wisv_head=wisv_head, batch=batch,
+                     batch_window_ms=batch_window_ms)
     sock = listen_socket(host, port)
     log.info("verifier for %s on %s://%s:%d", getattr(lm, "name", "cloud"), "https" if certfile else "http", host,
              sock.getsockname()[1])

@@ -19,6 +19,7 @@ from ..decoding import packets
 from ..decoding.cloud import CloudSession
 from ..decoding.cost import timed
 from ..decoding.decision_head import CSI
+from ..decoding.gather import Gather
 from ..decoding.qs import unpack_block
 from ..decoding.rules import make_rule
 from ..decoding.wisv import WISV
@@ -56,16 +57,22 @@ async def _read_body(request: Request, limit: int) -> bytes:
 class Verifier:
     """The state one server holds (the model, the bearer tokens, the sessions, a compute limiter
     and the counters) and its endpoints as methods. `compute_slots`: model calls run at once (each
-    in a worker thread; 1 serializes them, which is what one CPU model wants). `wisv_head`: the WISV
-    decision head sessions with the wisv rule judge with."""
+    in a worker thread; 1 serializes them, which is what one CPU model wants). `batch` > 1: the
+    model calls of up to `batch` concurrent requests, gathered over `batch_window_ms`, run as one
+    forward (decoding.gather; a model whose sessions cannot share a step runs them `batch` at a
+    time). `wisv_head`: the WISV decision head sessions with the wisv rule judge with."""
 
     def __init__(self, lm: AudioLM, tokens: dict[str, str], limits: Limits, compute_slots: int = 1,
-                 wisv_head=None):
+                 wisv_head=None, batch: int = 1, batch_window_ms: float = 2.0):
         if not tokens:
             raise ValueError("the verifier server needs at least one bearer token")
+        self.gather = Gather(batch, batch_window_ms / 1000) if batch > 1 else None
+        if self.gather is not None:
+            lm = self.gather.wrap(lm)
         self.lm, self.tokens, self.limits, self.wisv_head = lm, tokens, limits, wisv_head
         self.store = SessionStore(limits)
-        self.limiter = anyio.CapacityLimiter(compute_slots)
+        # a gathered call waits in its request's worker thread: `batch` of them at once
+        self.limiter = anyio.CapacityLimiter(max(compute_slots, batch))
         self.n_mels = _expected_mels(lm)
         self.eos, self.vocab = lm.eos_token_id, lm.vocab_size
         self.stats = {"verified_rounds": 0, "verified_tokens": 0, "refused": 0, "failed": 0}
@@ -95,8 +102,10 @@ class Verifier:
 
     async def health(self, request: Request):
         self.client_of(request)
+        batching = {} if self.gather is None else {"gathered_calls": self.gather.calls,
+                                                    "gathered_forwards": self.gather.forwards}
         return {"status": "ok", "sessions": len(self.store), "opened_total": self.store.opened_total,
-                "expired_total": self.store.expired_total, **self.stats}
+                "expired_total": self.store.expired_total, **self.stats, **batching}
 
     async def open_session(self, request: Request):
         client = self.client_of(request)

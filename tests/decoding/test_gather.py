@@ -1,0 +1,72 @@
+"""The verifier server's batching executor (decoding.gather): calls from many threads meet in one
+forward, each caller gets its own rows, and one caller's bad input fails that caller only."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from speccap.decoding.gather import Gather
+
+from ..models.conftest import tiny_lm
+
+
+def test_calls_from_many_threads_share_forwards_and_get_their_own_rows():
+    lm = tiny_lm("qwen2_5_omni")
+    g = Gather(max_batch=4, window_s=0.2)
+    try:
+        stepped = g.wrap(lm)
+        rng = np.random.default_rng(2)
+        clips = [(rng.standard_normal((128, n)).astype(np.float32), lang)
+                 for n, lang in ((150, "en"), (90, "zh"), (200, "en"), (120, "en"))]
+        got = [None] * len(clips)
+
+        def one(i):
+            sess = stepped.start(*clips[i])
+            got[i] = (sess.prefill_logits, sess.extend([5, 6 + i]).logits)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(clips))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        for i, ((mel, lang), (first, logits)) in enumerate(zip(clips, got)):
+            alone = lm.start(mel, lang)
+            torch.testing.assert_close(first, alone.prefill_logits, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(logits, alone.extend([5, 6 + i]).logits, atol=1e-4, rtol=1e-4)
+        assert g.calls == 2 * len(clips) and g.forwards < g.calls  # starts met, and so did extensions
+    finally:
+        g.close()
+
+
+def test_a_bad_call_fails_its_caller_only():
+    lm = tiny_lm("qwen2_5_omni")
+    g = Gather(max_batch=2, window_s=0.5)
+    try:
+        stepped = g.wrap(lm)
+        out = {}
+
+        def start(name, features):
+            try:
+                out[name] = stepped.start(features, "en")
+            except ValueError as exc:
+                out[name] = exc
+
+        threads = [threading.Thread(target=start, args=("good", np.zeros((128, 100), np.float32))),
+                   threading.Thread(target=start, args=("bad", np.zeros(100, np.float32)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert isinstance(out["bad"], ValueError) and "(n_mels, frames)" in str(out["bad"])
+        assert out["good"].prompt_len > 0
+    finally:
+        g.close()
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="at least 1"):
+        Gather(0)
+    with pytest.raises(ValueError, match=">= 0 seconds"):
+        Gather(4, -1.0)
