@@ -137,3 +137,18 @@ def test_a_model_that_cannot_share_a_step_runs_alone():
 def test_bad_batches_are_refused():
     with pytest.raises(ValueError, match="at least 1"):
         Lockstep(0)
+
+
+def test_a_job_that_raises_stops_the_batch_with_its_error(pair, clips):
+    ex = Lockstep(3)
+    e = ex.wrap(pair[0])
+
+    def fn(i):
+        e.start(*clips[i]).extend([5])
+        if i == 1:
+            raise RuntimeError("clip 1 is bad")
+        return i
+
+    with pytest.raises(RuntimeError, match="clip 1 is bad"):
+        list(ex.map(fn, range(3)))
+    assert sorted(ex.map(lambda i: i, range(3))) == [0, 1, 2]  # the executor runs again

@@ -81,12 +81,13 @@ class Lockstep:
 
     def map(self, fn: Callable, jobs: Iterable) -> Iterator:
         """fn(job) for every job, `batch` loops at a time; yields each result as its loop ends (the
-        order is the same on every run)."""
+        order is the same on every run). A job that raises stops the batch with its exception, as
+        it would stop a loop over the jobs one at a time."""
         if self.hub is not None:
             raise RuntimeError("this executor is already running a batch")
         self.hub = getcurrent()
         queue = deque(jobs)
-        live: list[tuple[greenlet, _Ask]] = []
+        live: list[tuple[greenlet, _Ask | _Start]] = []  # each running loop and its pending call
         try:
             while queue or live:
                 while queue and len(live) < self.batch:  # a finished loop's place goes to the next job
@@ -109,7 +110,6 @@ class Lockstep:
                 live = waiting
         finally:
             self.hub = None
-
 
 
 def step_all(asks: list[_Ask | _Start]) -> list:
