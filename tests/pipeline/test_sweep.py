@@ -69,6 +69,10 @@ def test_config_key_changes_with_what_the_records_depend_on():
         assert config_key(ref, p, "fp", ["a"]) == config_key(ref, other_l, "fp", ["a"])
         assert config_key(ref, p, "fp", ["a"]) != config_key(ref, params_from_dict({"decode": {"temperature": 0.7}}),
                                                             "fp", ["a"])
+        # their times are charged by the cost model once one is set: a new charge, new records
+        per_call = {"prefill": [1e-3, 1e-5], "extend": [2e-4, 5e-5, 0.0]}
+        costed = params_from_dict({"decode": {"cost": {"edge": per_call, "cloud": per_call}}})
+        assert config_key(ref, p, "fp", ["a"]) != config_key(ref, costed, "fp", ["a"])
 
 
 def test_records_are_written_as_they_come_and_a_rerun_resumes(tiny_project, tmp_path):

@@ -184,7 +184,9 @@ def wisv_fingerprint(params: Params) -> str:
 def config_key(cfg: RunConfig, params: Params, models_fp: str, clip_ids: list[str]) -> str:
     decode = dataclasses.asdict(params.decode)
     if cfg.method in ("edge", "cloud"):  # no gate, L, rule or loop: their records survive a change of those
-        decode = {k: decode[k] for k in ("temperature", "edge_time_scale", "cloud_time_scale")}
+        # (but not of the clock's charge; only a set one is keyed, so the keys from before it stay)
+        clocks = ("temperature", "edge_time_scale", "cloud_time_scale") + (("cost",) if decode["cost"] else ())
+        decode = {k: decode[k] for k in clocks}
     items = [cfg.to_dict(), decode, dataclasses.asdict(link_config(params, cfg)),
              params.models.max_new_tokens, params.seed, models_fp, clip_ids]
     if cfg.rule == "wisv":  # appended only here, so the keys of every other configuration stay as they were
