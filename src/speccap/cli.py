@@ -293,28 +293,8 @@ def _cmd_calibrate(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="speccap", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--params", default=None, help="params file (default: $SPECCAP_PARAMS or ./params.yaml)")
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("prepare", help="build the corpus and its manifests (data.* params)")
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(func=_cmd_prepare)
-    s = sub.add_parser("featurize", help="compute log-mel and prosody features (features.* params)")
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(func=_cmd_featurize)
-    s = sub.add_parser("train", help="train the tokenizer and the embedded captioners (models.* params)")
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(func=_cmd_train)
-    s = sub.add_parser("caption", help="caption audio files (any rate, mono or stereo) with one model")
-    _add_decoding_options(s)
-    s.add_argument("--mode", choices=("edge", "cloud", "ugsd"), default="edge",
-                   help="edge-only, cloud-only, or gated speculative decoding (default edge)")
-    s.add_argument("--in-flight", type=int, help="pipelined verification: blocks in flight while the edge drafts "
-                                                 "ahead (0 = blocking loop; default: decode.in_flight)")
-    s.set_defaults(func=_cmd_caption)
-
+def _add_serve_cloud(sub) -> None:
+    """The `serve-cloud` subcommand and its options."""
     s = sub.add_parser("serve-cloud", help="serve the cloud model as a verifier (see docs/serving.md)",
                        description="Load the cloud model (models.cloud params) and verify drafted blocks for edge "
                                    "clients over HTTP(S). Every request needs a bearer token: $SPECCAP_TOKEN, or "
@@ -340,6 +320,31 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "trained (models/wisv/head.pt)")
     s.add_argument("--wisv-head", type=Path, help="serve WISV verification with this decision head")
     s.set_defaults(func=_cmd_serve_cloud)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="speccap", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--params", default=None, help="params file (default: $SPECCAP_PARAMS or ./params.yaml)")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("prepare", help="build the corpus and its manifests (data.* params)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_prepare)
+    s = sub.add_parser("featurize", help="compute log-mel and prosody features (features.* params)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_featurize)
+    s = sub.add_parser("train", help="train the tokenizer and the embedded captioners (models.* params)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_train)
+    s = sub.add_parser("caption", help="caption audio files (any rate, mono or stereo) with one model")
+    _add_decoding_options(s)
+    s.add_argument("--mode", choices=("edge", "cloud", "ugsd"), default="edge",
+                   help="edge-only, cloud-only, or gated speculative decoding (default edge)")
+    s.add_argument("--in-flight", type=int, help="pipelined verification: blocks in flight while the edge drafts "
+                                                 "ahead (0 = blocking loop; default: decode.in_flight)")
+    s.set_defaults(func=_cmd_caption)
+
+    _add_serve_cloud(sub)
 
     s = sub.add_parser("edge", help="caption audio files on the edge against a verifier server",
                        description="The edge half over the network: drafts with the edge model (models.edge), "
