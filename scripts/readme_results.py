@@ -98,8 +98,9 @@ def render() -> str:
         lines = [f"{lang}: {line}" for lang, r in gates["languages"].items() for line in r["targets"]["lines"]]
         clips = sorted({e["clips"] for r in gates["languages"].values() for v in r["gates"].values() for e in v})
         main = load_params().gates.targets[0]  # the target whose chosen gate runs on every test clip
-        out.append(f"\nToken gates at budgets rho* <= 0.1 (`reports/gates/gates.md`, 95% CIs; the {main}-target "
-                   f"gates on all {clips[-1]} test clips, the other targets' on the first {clips[0]}; the "
+        where = (f"every gate on all {clips[-1]} test clips" if len(clips) == 1 else
+                 f"the {main}-target gates on all {clips[-1]} test clips, the other targets' on the first {clips[0]}")
+        out.append(f"\nToken gates at budgets rho* <= 0.1 (`reports/gates/gates.md`, 95% CIs; {where}; the "
                    "gates issue's targets: >= 80% of both gaps, CI lower bound above entropy's point estimates, "
                    "<= 1.05x edge-only time and <= 15% of cloud-only's cloud compute on the papers' hardware):\n\n"
                    + "\n".join(f"- {x}" for x in lines) + "\n")
