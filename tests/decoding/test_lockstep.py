@@ -152,3 +152,22 @@ def test_a_job_that_raises_stops_the_batch_with_its_error(pair, clips):
     with pytest.raises(RuntimeError, match="clip 1 is bad"):
         list(ex.map(fn, range(3)))
     assert sorted(ex.map(lambda i: i, range(3))) == [0, 1, 2]  # the executor runs again
+
+
+def test_a_bad_clip_fails_its_own_caption_only(pair, clips):
+    """A prefill that fails for one clip of a step runs again clip by clip: the bad clip's loop gets
+    the error (here caught and kept, as the stages' job functions keep it as an error record) and
+    the clips that started beside it decode as they do alone."""
+    edge, cloud = pair
+    jobs = [clips[0], (np.zeros(50, np.float32), "en"), clips[1], clips[2]]
+
+    def caption(e, c, job):
+        try:
+            return edge_only(e, job[0], job[1], MAX, cost=COST).token_ids
+        except ValueError as exc:
+            return str(exc)
+
+    got = decode_all(edge, cloud, caption, jobs, 3)
+    assert "(n_mels, frames)" in got[1]
+    assert [got[i] for i in (0, 2, 3)] == [edge_only(edge, mel, lang, MAX, cost=COST).token_ids
+                                           for mel, lang in clips[:3]]

@@ -6,8 +6,8 @@ of the executor's takes the first call, waits up to `window_s` for more (at most
 runs them as one forward per model (lockstep.step_all) before handing each caller its own rows.
 Under light load a call waits at most the window; under heavy load a forward serves many
 sessions. A session has one call pending at a time (the server's per-session lock), which is what
-a step needs: one request per row. A group that fails runs again call by call, so one session's
-bad input fails that session only.
+a step needs: one request per row. A forward that fails runs again call by call (lockstep.step_all),
+so one session's bad input fails that session only.
 """
 
 from __future__ import annotations
@@ -71,17 +71,11 @@ class Gather:
             self._run(items)
 
     def _run(self, items: list) -> None:
-        asks = [a for a, _ in items]
-        try:
-            results = step_all(asks)
-        except Exception:  # noqa: BLE001 - find the call that failed: only its caller gets the error
-            for ask, done in items:
-                try:
-                    done.set_result(step_all([ask])[0])
-                except Exception as exc:  # noqa: BLE001 - handed to the caller waiting on it
-                    done.set_exception(exc)
-            return
+        results = step_all([a for a, _ in items])  # a failed call's exception, for its caller alone
         self.forwards += 1
         self.calls += len(items)
         for (_, done), out in zip(items, results):
-            done.set_result(out)
+            if isinstance(out, Exception):
+                done.set_exception(out)
+            else:
+                done.set_result(out)

@@ -77,7 +77,7 @@ class Lockstep:
         """A loop's model call: parks the loop until the next step (outside `map`, runs at once)."""
         if self.hub is None or getcurrent() is self.hub:
             return ask.run(ask.pool, [ask])[0]
-        return self.hub.switch(ask)
+        return self.hub.switch(ask)  # a failed call is thrown in here (map)
 
     def map(self, fn: Callable, jobs: Iterable) -> Iterator:
         """fn(job) for every job, `batch` loops at a time; yields each result as its loop ends (the
@@ -102,7 +102,8 @@ class Lockstep:
                 results = step_all([ask for _, ask in live])
                 waiting = []
                 for (g, _), res in zip(live, results):
-                    out = g.switch(res)
+                    # a call that failed raises inside its loop, where the loop's own handling sees it
+                    out = g.throw(res) if isinstance(res, Exception) else g.switch(res)
                     if g.dead:
                         yield out
                     else:
@@ -114,15 +115,32 @@ class Lockstep:
 
 def step_all(asks: list[_Ask | _Start]) -> list:
     """One forward per pool and kind of call over `asks` (at most one per row); each one's result,
-    in order."""
+    in order, or the exception its call raised: a forward that fails runs again call by call, so
+    one caption's bad input fails that caption only (a failed forward changes no row's length)."""
     results: list = [None] * len(asks)
     groups: dict[tuple[int, type], list[int]] = {}
     for i, ask in enumerate(asks):
         groups.setdefault((id(ask.pool), type(ask)), []).append(i)
     for (_, kind), idx in groups.items():
-        for i, out in zip(idx, kind.run(asks[idx[0]].pool, [asks[i] for i in idx])):
+        group = [asks[i] for i in idx]
+        try:
+            outs = kind.run(group[0].pool, group)
+        except Exception as exc:  # noqa: BLE001 - handed to the loop that asked, as a call alone would raise
+            outs = [exc] if len(group) == 1 else step_all_alone(group)
+        for i, out in zip(idx, outs):
             results[i] = out
     return results
+
+
+def step_all_alone(asks: list[_Ask | _Start]) -> list:
+    """Each call in a forward of its own: its result, or the exception it raised."""
+    outs = []
+    for ask in asks:
+        try:
+            outs.append(ask.run(ask.pool, [ask])[0])
+        except Exception as exc:  # noqa: BLE001 - handed to the loop that asked
+            outs.append(exc)
+    return outs
 
 
 def stepped(lm: AudioLM, executor, rows: int, pools: list[RowPool]) -> AudioLM:

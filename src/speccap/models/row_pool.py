@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import fast_step, language_mask
+from . import fast_step
 from .base import AudioLM
 from .batched_step import BatchedCache, BatchedStep
-from .thinker import ThinkerLM
+from .thinker import ThinkerLM, prefill
 
 
 @dataclass
@@ -36,6 +36,7 @@ class Prefilled:
     prefill_hidden: torch.Tensor | None  # (H,) the state at the prompt's last position, when asked for
     prompt_len: int
     blocked: torch.Tensor  # token ids the caption's language may not use
+
 
 # slots a row is given beyond its prompt when it moves in; a longer caption grows the cache
 _ROOM = 160
@@ -88,38 +89,15 @@ class RowPool:
         the model (audio encoder and prompt, padded to the longest) and move each into a free row.
         What `ThinkerLM.start` computes for each clip alone, within float rounding; `hidden`: keep the
         last-layer state at the prompt's last position."""
-        lm, model = self.lm, self.lm.model
-        feats = [np.asarray(f, np.float32) for f, _, _ in asks]
-        for f in feats:
-            if f.ndim != 2:
-                raise ValueError(f"audio features must be (n_mels, frames), got shape {f.shape}")
-        b, frames = len(feats), [f.shape[1] for f in feats]
-        x = torch.zeros((b, feats[0].shape[0], max(frames)))
-        fmask = torch.zeros((b, max(frames)), dtype=torch.long)
-        prompts = [lm.prompt_ids(n, language) for n, (_, language, _) in zip(frames, asks)]
-        ids = torch.full((b, max(map(len, prompts))), lm.pad_token_id)
-        attn = torch.zeros_like(ids)
-        for i, (f, prompt) in enumerate(zip(feats, prompts)):
-            x[i, :, : f.shape[1]] = torch.from_numpy(f)
-            fmask[i, : f.shape[1]] = 1
-            ids[i, : len(prompt)] = torch.tensor(prompt)
-            attn[i, : len(prompt)] = 1
-        dev = lm.device
-        ids, attn, fmask = ids.to(dev), attn.to(dev), fmask.to(dev)
-        positions, delta = model.model.get_rope_index(ids, None, None, attn, False, fmask.sum(-1), None)
-        hidden = any(h for _, _, h in asks)
-        out = model(input_ids=ids, input_features=x.to(device=dev, dtype=lm.dtype), feature_attention_mask=fmask,
-                    attention_mask=attn, position_ids=positions, use_cache=True, output_hidden_states=hidden)
-        delta = delta.reshape(b, -1)[:, 0]
+        start = prefill(self.lm, [(f, language) for f, language, _ in asks], any(h for _, _, h in asks))
         made = []
-        for i, ((_, language, want_hidden), prompt) in enumerate(zip(asks, prompts)):
-            n = len(prompt)
+        for i, (_, _, want_hidden) in enumerate(asks):
+            n = start.lengths[i]
             row = self._free_row(n)
-            self.cache.load_row(row, out.past_key_values, int(delta[i]), source=i, length=n)
-            blocked = lm.blocked_ids(language)
-            logits = language_mask.apply(out.logits[i, n - 1, : lm.vocab_size].float().clone(), blocked)
-            state = out.hidden_states[-1][i, n - 1].float().clone() if want_hidden else None
-            made.append(Prefilled(row, logits, state, n, blocked))
+            self.cache.load_row(row, start.out.past_key_values, start.deltas[i], source=i, length=n)
+            # copies: the batch's outputs are not kept alive by one session's first logits
+            made.append(Prefilled(row, start.first_logits(self.lm, i).clone(),
+                                  start.first_hidden(i).clone() if want_hidden else None, n, start.blocked[i]))
         return made
 
     def _free_row(self, prompt_len: int) -> int:

@@ -115,30 +115,67 @@ class ThinkerLM(AudioLM):
         return sum(p.numel() for p in self.model.parameters())
 
 
+@dataclass
+class Prompts:
+    """ONE forward of a thinker over the audio and prompt of each of a batch of clips (`prefill`):
+    the model's output (logits, `past_key_values`, hidden states when asked for), right-padded to the
+    longest prompt, and each clip's prompt length, rope delta and blocked ids."""
+
+    out: object
+    lengths: list[int]
+    deltas: list[int]
+    blocked: list[torch.Tensor]
+
+    def first_logits(self, lm: ThinkerLM, i: int) -> torch.Tensor:
+        """(V,) clip i's distribution of the first caption token, its blocked ids masked."""
+        return language_mask.apply(self.out.logits[i, self.lengths[i] - 1, : lm.vocab_size].float(), self.blocked[i])
+
+    def first_hidden(self, i: int) -> torch.Tensor:
+        """(H,) clip i's last-layer state at its prompt's last position (what drafts the first token)."""
+        return self.out.hidden_states[-1][i, self.lengths[i] - 1].float()
+
+
+def prefill(lm: ThinkerLM, clips: list[tuple[np.ndarray, str]], hidden: bool = False) -> Prompts:
+    """The audio encoder and prompt of every (features (n_mels, frames), language) in one forward,
+    padded to the longest; with `hidden`, every layer's states are kept (the last one's at each
+    prompt's end is what a token gate reads before the first token). One clip is a session's start;
+    many are a batch prefill (models.row_pool), equal to their starts alone within float rounding."""
+    model, dev = lm.model, lm.device
+    feats = [np.asarray(f, np.float32) for f, _ in clips]
+    for f in feats:
+        if f.ndim != 2:
+            raise ValueError(f"audio features must be (n_mels, frames), got shape {tuple(f.shape)}")
+    b, frames = len(feats), [f.shape[1] for f in feats]
+    prompts = [lm.prompt_ids(n, language) for n, (_, language) in zip(frames, clips)]
+    x = torch.zeros((b, feats[0].shape[0], max(frames)))
+    fmask = torch.zeros((b, max(frames)), dtype=torch.long)
+    ids = torch.full((b, max(map(len, prompts))), lm.pad_token_id)
+    attn = torch.zeros_like(ids)
+    for i, (f, prompt) in enumerate(zip(feats, prompts)):
+        x[i, :, : f.shape[1]] = torch.from_numpy(f)
+        fmask[i, : f.shape[1]] = 1
+        ids[i, : len(prompt)] = torch.tensor(prompt)
+        attn[i, : len(prompt)] = 1
+    ids, attn, fmask = ids.to(dev), attn.to(dev), fmask.to(dev)
+    positions, delta = model.model.get_rope_index(ids, None, None, attn, False, fmask.sum(-1), None)
+    out = model(input_ids=ids, input_features=x.to(device=dev, dtype=lm.dtype), feature_attention_mask=fmask,
+                attention_mask=attn, position_ids=positions, use_cache=True, output_hidden_states=hidden)
+    return Prompts(out, [len(p) for p in prompts], [int(d) for d in delta.reshape(b, -1)[:, 0]],
+                   [lm.blocked_ids(language) for _, language in clips])
+
+
 class ThinkerSession(Session):
     @torch.inference_mode()
     def __init__(self, lm: ThinkerLM, features: np.ndarray, language: str, hidden: bool = False):
         self.lm = lm
-        model = lm.model
         self.device = lm.device  # a walk over the parameters: once a session, not once a token
-        feats = torch.as_tensor(np.asarray(features, np.float32), device=self.device)
-        if feats.ndim != 2:
-            raise ValueError(f"audio features must be (n_mels, frames), got shape {tuple(feats.shape)}")
-        n_frames = feats.shape[1]
-        ids = torch.tensor([lm.prompt_ids(n_frames, language)], device=lm.device)
-        attn = torch.ones_like(ids)
-        fmask = torch.ones(1, n_frames, dtype=torch.long, device=lm.device)
-        positions, delta = model.model.get_rope_index(ids, None, None, attn, False, fmask.sum(-1), None)
-        out = model(input_ids=ids, input_features=feats[None].to(lm.dtype), feature_attention_mask=fmask,
-                    attention_mask=attn, position_ids=positions, use_cache=True, output_hidden_states=hidden)
-        self.cache = out.past_key_values
+        start = prefill(lm, [(features, language)], hidden)
+        self.cache = start.out.past_key_values
         # the state that drafts the first caption token (what a token gate reads before it); asked
         # for only then: every layer's states over the whole prompt are collected to give it
-        self.prefill_hidden = out.hidden_states[-1][0, -1].float() if hidden else None
-        self.prompt_len = ids.shape[1]
-        self.rope_delta = int(delta.reshape(-1)[0])
-        self.blocked = lm.blocked_ids(language)
-        self.prefill_logits = language_mask.apply(out.logits[0, -1, : lm.vocab_size].float(), self.blocked)
+        self.prefill_hidden = start.first_hidden(0) if hidden else None
+        self.prompt_len, self.rope_delta, self.blocked = start.lengths[0], start.deltas[0], start.blocked[0]
+        self.prefill_logits = start.first_logits(lm, 0)
 
     @property
     def length(self) -> int:
@@ -161,9 +198,6 @@ class ThinkerSession(Session):
                                 output_hidden_states=return_hidden)
             self.cache = out.past_key_values
             logits, hidden = out.logits[0], (out.hidden_states[-1][0] if return_hidden else None)
-        return self.output(logits, hidden, return_hidden)
-
-    def output(self, logits: torch.Tensor, hidden: torch.Tensor | None, return_hidden: bool) -> StepOutput:
         return step_output(self.lm, self.blocked, logits, hidden, return_hidden)
 
     def rollback(self, n: int) -> None:
