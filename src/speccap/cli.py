@@ -175,6 +175,9 @@ def _cmd_serve_cloud(args) -> int:
     from .serving.server import load_tokens, serve
     from .serving.sessions import Limits
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.batch < 1 or args.batch_window_ms < 0:  # before the model loads
+        raise ValueError(f"--batch must be at least 1 (got {args.batch}) and --batch-window-ms at least 0 "
+                         f"(got {args.batch_window_ms})")
     tokens = load_tokens(args.token_file)
     limits = Limits(max_payload_bytes=args.max_payload_bytes, max_block=args.max_block,
                     max_sessions_per_client=args.max_sessions_per_client, idle_seconds=args.idle_seconds)

@@ -80,6 +80,14 @@ def test_serve_cloud_refuses_to_run_without_a_token(tiny_project, capsys, monkey
     assert "no bearer token" in capsys.readouterr().err
 
 
+def test_serve_cloud_refuses_a_bad_batch_by_its_option(tiny_project, capsys, monkeypatch):
+    _, _, params_file = tiny_project
+    monkeypatch.setenv("SPECCAP_TOKEN", "a-token-of-enough-length-0123456789")
+    for bad in (["--batch", "0"], ["--batch", "4", "--batch-window-ms", "-1"]):
+        assert main(["--params", str(params_file), "serve-cloud", *bad]) == 2
+        assert "--batch must be at least 1" in capsys.readouterr().err
+
+
 def test_edge_reports_an_unreachable_server(tiny_project, capsys, monkeypatch):
     params, _, params_file = tiny_project
     wav = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]["path"]
