@@ -91,7 +91,7 @@ def markdown(r: dict) -> str:
         "",
         f"Verifications per second, batched / serialized: **{r['ratio']:.2f}x** (target at least "
         f"{r['target']:.0f}x at no worse p99: {met}). The clients draft on the same machine, so both servers "
-        "share its cores with {clients} edges.".replace("{clients}", str(r["clients"])),
+        f"share its cores with {r['clients']} edges.",
         "",
     ])
 
