@@ -313,11 +313,8 @@ def _add_serve_cloud(sub) -> None:
     s.add_argument("--idle-seconds", type=float, default=120.0,
                    help="a session unused this long is closed and its KV cache freed (default 120)")
     s.add_argument("--compute-slots", type=int, default=1, help="model calls run at once (default 1)")
-    s.add_argument("--batch", type=int, default=1,
-                   help="verify up to this many concurrent sessions' requests in one forward (default 1: one "
-                        "at a time)")
-    s.add_argument("--batch-window-ms", type=float, default=2.0,
-                   help="with --batch: how long a request waits for others to share its forward (default 2)")
+    s.add_argument("--batch", type=int, default=1, help="verify up to this many sessions' requests in one forward")
+    s.add_argument("--batch-window-ms", type=float, default=2.0, help="how long a request waits for others (2)")
     s.add_argument("--threads", type=int, default=4, help="CPU threads for the model (default 4)")
     s.add_argument("--wisv", action="store_true", help="serve WISV verification with the head the wisv_head stage "
                                                        "trained (models/wisv/head.pt)")
