@@ -2,8 +2,12 @@
 every stage whose code it is, and the check fails when one is missing."""
 
 import importlib.util
+import shutil
+import subprocess
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("stage_deps", ROOT / "scripts" / "stage_deps.py")
@@ -69,3 +73,32 @@ def test_imports_inside_functions_and_relative_ones_are_followed(tmp_path):
     assert "src/speccap/c.py" in stage_deps.differences(text, want)[0]
     fixed = stage_deps.rewrite(text, want)
     assert stage_deps.differences(fixed, want) == [] and "  - data/in\n" in fixed and "  - out\n" in fixed
+
+
+def _dvc(cwd: Path, *args: str) -> str:
+    done = subprocess.run(["dvc", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"dvc {' '.join(args)}: {done.stderr[-2000:]}"
+    return done.stdout
+
+
+@pytest.mark.parametrize("ignore", [True, False])
+def test_bytecode_in_a_code_folder_never_makes_a_stage_stale(tmp_path, ignore):
+    """Two stages list source folders (src/speccap/metrics, src/speccap/gating): whatever imports
+    them (the tests, another Python version) writes __pycache__/ there. With the project's
+    .dvcignore the stage stays up to date; without it the same bytecode makes it stale."""
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"]):
+        subprocess.run(cmd, cwd=tmp_path, check=True, timeout=60)
+    if ignore:
+        shutil.copy(ROOT / ".dvcignore", tmp_path / ".dvcignore")
+    code = tmp_path / "src" / "pkg"
+    code.mkdir(parents=True)
+    (code / "mod.py").write_text("X = 1\n")
+    (tmp_path / "dvc.yaml").write_text("stages:\n  s:\n    cmd: python -c \"open('out', 'w').write('1')\"\n"
+                                       "    deps:\n      - src/pkg\n    outs:\n      - out\n")
+    _dvc(tmp_path, "repro", "-q")
+    cache = code / "__pycache__"
+    cache.mkdir()
+    (cache / "mod.cpython-311.pyc").write_bytes(b"\x00" * 16)
+    (cache / "mod.cpython-313.pyc").write_bytes(b"\x01" * 16)  # another Python
+    stale = "changed deps" in _dvc(tmp_path, "status")
+    assert stale is not ignore
