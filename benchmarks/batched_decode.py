@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from speccap.data.featurize import load_clip_features
 from speccap.decoding.cost import calibrate
 from speccap.pipeline.sweep import build_configs, eval_clips
 from speccap.pipeline.workers import Pool
+from speccap.project import portable_command
 
 THROUGHPUT_TARGET = 5.0  # the issue's: captions per CPU-second, batched / single
 # what only the measured world sets (wall time, seconds inside forwards, the process's CPU and memory)
@@ -112,7 +112,7 @@ def run(n_clips: int, batches: list[int], threads: int, calib_clips: int) -> dic
              "ratio": captions / cpu / single,
              "equivalence": None if b == 1 else _compare(runs[1][0], records, languages, edge, cloud, params)}
             for b, (records, cpu, wall) in runs.items()]
-    return {"command": " ".join(["python"] + sys.argv), "clips_per_language": n_clips, "threads": threads,
+    return {"command": portable_command(), "clips_per_language": n_clips, "threads": threads,
             "configurations": len(configs), "captions": captions, "cost_model": cost.coef, "rows": rows,
             "target": THROUGHPUT_TARGET, "best_ratio": max(r["ratio"] for r in rows)}
 

@@ -12,7 +12,6 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from speccap.data.manifest import manifest_path, read_manifest
 from speccap.metrics.caption import score_captions
 from speccap.models.generate import generate
 from speccap.models.loading import load_role
+from speccap.project import portable_command
 
 METRICS = ("bleu1", "bleu4", "meteor", "rouge_l", "emotion_hit_rate", "wrong_language_rate")
 
@@ -32,7 +32,7 @@ def run(params_path: str | None, limit: int | None, out: Path, threads: int) -> 
     params = load_params(params_path)
     torch.set_num_threads(threads)
     train_report = json.loads((Path(params.models.dir) / "train_report.json").read_text())
-    result = {"command": " ".join(["python"] + sys.argv), "threads": threads, "machine": platform.processor() or
+    result = {"command": portable_command(), "threads": threads, "machine": platform.processor() or
               platform.machine(), "models": {}, "quality": {}}
     for role in ("edge", "cloud"):
         lm = load_role(params, role)

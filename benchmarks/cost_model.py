@@ -23,7 +23,6 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import sys
 from pathlib import Path
 
 from common import models_and_test_clips
@@ -36,6 +35,7 @@ from speccap.decoding.build import DecodeSpec, build_decoder
 from speccap.decoding.cost import calibrate
 from speccap.decoding.engine import cloud_only, edge_only, speculative
 from speccap.decoding.link import Link
+from speccap.project import portable_command
 
 TARGET = 0.10  # the bound on the median relative error, per model
 
@@ -117,7 +117,7 @@ def run(n_clips: int, threads: int, calib_clips: int) -> dict:
                              "same_captions": sum(a.token_ids == b.token_ids for a, b in zip(q, ld)),
                              "mean_total_quiet": statistics.fmean(r.total_time for r in q),
                              "mean_total_loaded": statistics.fmean(r.total_time for r in ld)}
-    return {"command": " ".join(["python"] + sys.argv), "clips": len(clips), "threads": threads,
+    return {"command": portable_command(), "clips": len(clips), "threads": threads,
             "calibration_calls": len(samples), "fit": model.to_json(), "accuracy": accuracy, "modes": rows,
             "determinism": determinism, "target": TARGET}
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from common import mean, models_and_test_clips
@@ -26,6 +25,7 @@ from speccap.decoding.build import DecodeSpec, build_decoder
 from speccap.decoding.engine import cloud_only, edge_only, speculative
 from speccap.decoding.link import Link
 from speccap.metrics.caption import score_captions
+from speccap.project import portable_command
 
 NO_LINK = LinkConfig(name="none", uplink_mbps=1e9, downlink_mbps=1e9, rtt_ms=0.0, overhead_bytes=0)
 
@@ -66,7 +66,7 @@ def run(params_path, n_clips: int, out: Path, threads: int) -> dict:
     overhead = [1 - r.model_time / r.wall_time for r in runs["ugsd"] if r.wall_time > 0]
     same_self = sum(a.token_ids == b.token_ids for a, b in zip(runs["self_spec"], runs["cloud_plain"]))
     result = {
-        "command": " ".join(["python"] + sys.argv), "clips": len(clips), "threads": threads,
+        "command": portable_command(), "clips": len(clips), "threads": threads,
         "settings": {"decode": params.decode.__dict__ | {"adaptive": params.decode.adaptive.__dict__},
                      "link": params.link.__dict__},
         "engine_overhead_share": mean(overhead),

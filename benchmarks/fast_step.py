@@ -29,6 +29,7 @@ from speccap.config import ThinkerSize, load_params  # noqa: E402
 from speccap.models.configs import build_model  # noqa: E402
 from speccap.models.thinker import PromptTemplate, ThinkerLM  # noqa: E402
 from speccap.models.tokenizer import special_ids, train_tokenizer  # noqa: E402
+from speccap.project import portable_command  # noqa: E402
 
 # Qwen2.5-Omni-7B's text decoder: 3584 wide, 28 heads of 128, 4 KV heads, FFN 18944 (2 layers here)
 SEVEN_B = ThinkerSize(text_hidden=3584, text_layers=2, text_heads=28, text_kv_heads=4, text_ffn=18944,
@@ -104,7 +105,7 @@ def main() -> None:
             rows.append({"model": name, "tokens": n, "hf_ms": t["hf"], "fast_ms": t["fast"],
                          "speedup": t["hf"] / t["fast"]})
             print(rows[-1], flush=True)
-    result = {"command": " ".join(["python"] + sys.argv), "threads": args.threads, "calls": rows}
+    result = {"command": portable_command(), "threads": args.threads, "calls": rows}
     if (Path(params.models.dir) / "cloud").exists() and args.clips:
         result["decode"] = _decode_both(params, args.clips, args.threads)
         print(result["decode"], flush=True)

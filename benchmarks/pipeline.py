@@ -19,10 +19,11 @@ import platform
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from speccap.project import portable_command
 
 _STAGE = re.compile(r"^Running stage '([a-z_]+)'")
 
@@ -90,7 +91,7 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
     ends = [s for _, s in starts[1:]] + [full]
     stages = [{"stage": name, "seconds": round(end - start, 1)} for (name, start), end in zip(starts, ends)]
-    result = {"command": " ".join(["python"] + sys.argv), "commit": commit, "profile": args.profile,
+    result = {"command": portable_command(), "commit": commit, "profile": args.profile,
               "machine": platform.machine(), "cpus": os.cpu_count(), "numba_cache": "empty at start",
               "dvc_repro_seconds": round(full, 1), "noop_dvc_repro_seconds": round(noop, 1), "stages": stages,
               "targets": {"dvc_repro_seconds": 1800, "noop_dvc_repro_seconds": 15}}

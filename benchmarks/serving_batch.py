@@ -33,6 +33,7 @@ from speccap.config import load_params
 from speccap.decoding.build import DecodeSpec, build_decoder
 from speccap.decoding.engine import speculative
 from speccap.decoding.link import Link
+from speccap.project import portable_command
 from speccap.serving.load import run_load
 
 THROUGHPUT_TARGET = 3.0  # the issue's: verifications per second, batched / serialized, at no worse p99
@@ -51,7 +52,7 @@ def run(params_path: str, n_clips: int, clients: int, per_client: int, batch: in
     token = secrets.token_urlsafe(24)
     servers = {"serialized": ("--compute-slots", "1"),
                "batched": ("--batch", str(batch), "--batch-window-ms", str(window_ms))}
-    out = {"command": " ".join(["python"] + sys.argv), "clients": clients, "per_client": per_client,
+    out = {"command": portable_command(), "clients": clients, "per_client": per_client,
            "clips": len(jobs), "batch": batch, "window_ms": window_ms, "target": THROUGHPUT_TARGET}
     for name, extra in servers.items():
         srv = Server(params_path, token, extra=extra)

@@ -18,6 +18,7 @@ from speccap.config import Params
 from speccap.fanout import WorkerDied
 from speccap.pipeline.sweep import RunConfig, config_key, link_config, models_fingerprint, relink_source, run_config, summarize
 from speccap.pipeline.workers import Pool
+from speccap.project import portable_arg
 from speccap.tracking import Tracker
 
 _POOL: dict = {}
@@ -49,7 +50,7 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
     configs = sorted(configs, key=lambda c: c in sources)
     sweep_key = hashlib.sha256(json.dumps([stage] + sorted(keys.values())).encode()).hexdigest()[:12]
     tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, stage)
-    summary = {"sweep_key": sweep_key, "models": fp, "tracking_uri": tracker.uri, "configs": []}
+    summary = {"sweep_key": sweep_key, "models": fp, "tracking_uri": portable_arg(tracker.uri), "configs": []}
     sweep_params = {"data.source": params.data.source, "decode": params.decode.__dict__,
                     "link": params.link.__dict__, "sweep": params.sweep.__dict__, "models_fingerprint": fp,
                     "edge": params.models.edge.backend, "cloud": params.models.cloud.backend}

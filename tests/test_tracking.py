@@ -1,7 +1,8 @@
 import os
 from pathlib import Path
 
-from speccap.tracking import Tracker, project_root, resolve_uri
+from speccap.project import project_root
+from speccap.tracking import Tracker, resolve_uri
 
 
 def test_project_root_from_a_dvc_experiment_copy(tmp_path):
@@ -50,21 +51,22 @@ def test_parent_and_nested_runs_failed_runs_and_resume(tmp_path, monkeypatch):
     assert t.mlflow.get_experiment(old).tags[kind] == "custom_model_development"
 
 
-def _gate_file(tmp_path):
-    import pickle
+def _gate_file(tmp_path, threshold=0.5, name="gate.gate.json"):
+    """A token gate file (the gates stage's format): its score rises with the hidden state's first value."""
+    from speccap.gating.gate_file import gate_document, write_gate
+    from speccap.gating.token_gates import fit_token_gate
 
-    from speccap.gating.learned import fit_gate
-
-    from .gating.test_learned import _traces
-    model = fit_gate(_traces(), "lightgbm", "mismatch")
-    path = tmp_path / "gate.pkl"
-    path.write_bytes(pickle.dumps({"model": model, "threshold": 0.5, "thresholds": {"0.1": 0.5}, "name": "g"}))
-    return path
+    from .gating.test_token_gates import DIM, EOS, _data
+    x, labels = _data(1500, 0)
+    model = fit_token_gate(x, labels, "lightgbm", "critical", DIM, EOS)
+    return write_gate(tmp_path / name, gate_document(model, "g", {"0.1": {"en": 0.5, "zh": 0.5}}, threshold, 0.1,
+                                                     "alone"))
 
 
 def test_gate_registry_alias_and_mlflow_models_serve(tmp_path, monkeypatch):
-    """A gate logged as a pyfunc model and registered; alias `champion`; loaded back; and served by
-    `mlflow models serve` on loopback: post feature rows, get scores and block decisions."""
+    """A gate file logged as a pyfunc model and registered from the logged model; alias `champion`;
+    loaded back as the same document; and served by `mlflow models serve` on loopback: post
+    token feature rows, get scores and decisions."""
     import json
     import os
     import socket
@@ -75,16 +77,24 @@ def test_gate_registry_alias_and_mlflow_models_serve(tmp_path, monkeypatch):
 
     import pandas as pd
 
-    from speccap.gating.features import FEATURES
+    from speccap.gating.features import token_columns
+    from speccap.gating.gate_file import model_of, read_gate
     from speccap.tracking import Tracker
+
+    from .gating.test_token_gates import DIM
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(uri, "registry-test")
-    rows = pd.DataFrame([{f: 0.0 for f in FEATURES} | {"entropy": e} for e in (0.1, 0.2, 4.0, 0.1)])
-    rows["block"] = [0, 0, 1, 1]
-    _, version = tracker.log_gate("gate-test", "g", _gate_file(tmp_path), rows, {"kind": "lightgbm"}, {"auc": 0.9},
+    rows = pd.DataFrame([{c: 0.0 for c in token_columns(DIM)} | {"h0": h} for h in (-1.0, 0.0, 3.0, -2.0)])
+    gate_file = _gate_file(tmp_path)
+    _, version = tracker.log_gate("gate-test", "g", gate_file, rows, {"kind": "lightgbm"}, {"auc": 0.9},
                                   tags={"gate": "g", "gates_key": "k1"})
     assert tracker.champion("gate-test") is None
+    # registered from the logged model (models:/m-...), as MLflow 3 resolves models:/name@alias
+    client = tracker.mlflow.MlflowClient(uri)
+    source = client.get_model_version("gate-test", version).source
+    assert source.startswith("models:/m-"), source
+    assert client.get_logged_model(source.removeprefix("models:/")).name == "gate"
     # its requirements are stated (not inferred by loading it in a subprocess): installed pins
     import importlib.metadata
 
@@ -97,12 +107,11 @@ def test_gate_registry_alias_and_mlflow_models_serve(tmp_path, monkeypatch):
     assert tracker.champion("gate-test") == {"version": version, "tags": {"gate": "g", "gates_key": "k1",
                                                                            "promotion_reason": "first"}}
     saved = tracker.load_gate("gate-test", "champion")
-    local = saved["model"].token_scores(rows[list(FEATURES)].to_numpy("float32"))
-    assert local[2] > local[0]  # high entropy: more likely a mismatch
+    assert saved == read_gate(gate_file) | {"registry": {"name": "gate-test", "version": version, "alias": "champion"}}
+    local = model_of(saved).token_scores(rows[list(token_columns(DIM))].to_numpy("float32"))
+    assert local[2] > 0.5 > local[0]  # the hidden state that marks critical tokens
     # per-language thresholds: the `zh` feature column picks the row's threshold
-    import pickle
-    per_lang = tmp_path / "gate2.pkl"
-    per_lang.write_bytes(pickle.dumps(pickle.loads(_gate_file(tmp_path).read_bytes()) | {"threshold": {"en": 1.0, "zh": 0.0}}))
+    per_lang = _gate_file(tmp_path, {"en": 1.0, "zh": 0.0}, "per_lang.gate.json")
     _, v2 = tracker.log_gate("gate-test", "g2", per_lang, rows, {"kind": "lightgbm"}, {})
     mixed = rows.assign(zh=[1.0, 1.0, 0.0, 0.0])
     decided = tracker.mlflow.pyfunc.load_model(f"models:/gate-test/{v2}").predict(mixed)
@@ -130,7 +139,7 @@ def test_gate_registry_alias_and_mlflow_models_serve(tmp_path, monkeypatch):
         preds = json.loads(urllib.request.urlopen(req, timeout=30).read())["predictions"]
         served = pd.DataFrame(preds)
         assert served["score"].round(6).tolist() == pd.Series(local).round(6).tolist()
-        assert served["escalate"].tolist() == [bool(max(local[:2]) > 0.5)] * 2 + [bool(max(local[2:]) > 0.5)] * 2
+        assert served["escalate"].tolist() == [bool(x > 0.5) for x in local]
         bad = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", headers={"Content-Type": "application/json"},
                                      data=json.dumps({"dataframe_split": {"columns": ["entropy"], "data": [[1.0]]}}).encode())
         try:

@@ -15,21 +15,8 @@ import os
 import re
 from pathlib import Path
 
+from .project import project_root
 from .run_views import ROLE_TAG, ROW, SWEEP, VIEW_TAG, experiment_for, kind_of, view_state
-
-_EXPS = re.compile(r"^(.*?)/\.dvc/tmp/exps/")
-
-
-def project_root(start: str | os.PathLike | None = None) -> Path:
-    """The repository a process works for, also from inside a DVC temporary experiment copy."""
-    here = Path(start or os.getcwd()).resolve()
-    m = _EXPS.match(str(here) + "/")
-    if m:
-        return Path(m.group(1))
-    for p in (here, *here.parents):
-        if (p / "dvc.yaml").exists() or (p / ".git").exists():
-            return p
-    return here
 
 
 def resolve_uri(uri: str | None, root: Path | None = None) -> str:
@@ -188,8 +175,9 @@ class Tracker:
     def log_gate(self, registry_name: str, run_name: str, gate_file: str | os.PathLike, input_example,
                  params: dict, metrics: dict, artifacts: list[str | os.PathLike] = (), tags: dict | None = None,
                  parent_id: str | None = None) -> tuple[str, str]:
-        """Log a gate (a pickled {"model": GateModel, "threshold": float}) as a pyfunc model that maps
-        feature rows to scores and escalation decisions, and register it; returns (run id, version)."""
+        """Log a gate file (speccap.gating.gate_file: the same file a device loads) as a pyfunc model
+        that maps feature rows to scores and escalation decisions, and register it from the logged
+        model; returns (run id, version)."""
         return self._log_registered(registry_name, run_name, "gate", _gate_pyfunc()(), {"gate": str(gate_file)},
                                     input_example, params, metrics, artifacts, tags, parent_id)
 
@@ -242,16 +230,21 @@ class Tracker:
                 for v in client.search_model_versions(f"name = '{registry_name}'")]
 
     def load_gate(self, registry_name: str, ref: str = "champion") -> dict:
-        """The pickled gate behind `models:/<name>@<alias>` (or a version number)."""
+        """The gate file's document behind `models:/<name>@<alias>` (or a version number), stamped
+        with the registered name, version and alias it was loaded by."""
+        from .gating.gate_file import with_registry
+        client = self.mlflow.MlflowClient(self.uri)
+        version = client.get_model_version(registry_name, ref) if ref.isdigit() else \
+            client.get_model_version_by_alias(registry_name, ref)
         uri = f"models:/{registry_name}/{ref}" if ref.isdigit() else f"models:/{registry_name}@{ref}"
-        return self.mlflow.pyfunc.load_model(uri).unwrap_python_model().gate
+        doc = self.mlflow.pyfunc.load_model(uri).unwrap_python_model().doc
+        return with_registry(doc, registry_name, version.version, None if ref.isdigit() else ref)
 
 
 # What a logged gate or WISV head needs to load: stated, because MLflow otherwise infers it by
-# loading the model in a subprocess, ~5 s a model (7 models: ~35 s of a repro). Its inference found
-# mlflow, cloudpickle, numpy, pandas, speccap (+ scikit-learn, scipy for a logistic gate); here the
-# libraries of every gate kind and of the head are named too.
-_MODEL_PACKAGES = ("mlflow", "cloudpickle", "numpy", "pandas", "scikit-learn", "lightgbm", "torch", "speccap")
+# loading the model in a subprocess, ~5 s a model (7 models: ~35 s of a repro). A gate file holds
+# its classifier as numbers or LightGBM's model text (gating.gate_file), the head is torch weights.
+_MODEL_PACKAGES = ("mlflow", "cloudpickle", "numpy", "pandas", "lightgbm", "torch", "speccap")
 
 
 def model_requirements() -> list[str]:
@@ -271,38 +264,29 @@ def _gate_pyfunc():
     import mlflow.pyfunc
 
     class GateModel(mlflow.pyfunc.PythonModel):
-        """Rows of gate features in (a token gate: its model's `columns`, gating.features.token_columns;
-        an older block gate: gating.features.FEATURES, an optional `block` column grouping them, else
-        all rows are one block), per row out: the token score, its block's score (a token gate: the
-        token's own) and whether it goes to the cloud (score > the gate's threshold, the one of the
-        row's language when thresholds are per language)."""
+        """Rows of token features in (the gate's columns, gating.features.token_columns), per row
+        out: the token's score and whether it goes to the cloud (score > the gate's threshold, the
+        one of the row's language when thresholds are per language)."""
 
         def load_context(self, context):
-            import pickle
-            with open(context.artifacts["gate"], "rb") as fh:
-                self.gate = pickle.load(fh)
+            from speccap.gating.gate_file import model_of, read_gate
+            self.doc = read_gate(context.artifacts["gate"])
+            self.model = model_of(self.doc, context.artifacts["gate"])
 
         def predict(self, context, model_input, params=None):
             import numpy as np
             import pandas as pd
 
-            from speccap.gating.features import FEATURES
-            model = self.gate["model"]
-            cols = list(getattr(model, "columns", FEATURES))
+            cols = list(self.model.columns)
             missing = [f for f in cols if f not in model_input.columns]
             if missing:
                 raise ValueError(f"gate input lacks {len(missing)} feature column(s), first {missing[:5]}")
-            scores = model.token_scores(model_input[cols].to_numpy(np.float32))
-            out = pd.DataFrame({"score": scores})
-            token_level = getattr(model, "level", "block") == "token"
-            groups = model_input["block"].to_numpy() if "block" in model_input.columns and not token_level \
-                else np.arange(len(out)) if token_level else np.zeros(len(out))
-            out["block_score"] = out.groupby(groups)["score"].transform("max").to_numpy()
-            thr = self.gate["threshold"]
+            out = pd.DataFrame({"score": self.model.token_scores(model_input[cols].to_numpy(np.float32))})
+            thr = self.doc["threshold"]
             if isinstance(thr, dict):  # per language: the `zh` feature says which
                 zh = model_input["zh"].to_numpy(float) > 0.5
                 thr = np.where(zh, thr.get("zh", max(thr.values())), thr.get("en", max(thr.values())))
-            out["escalate"] = out["block_score"] > thr
+            out["escalate"] = out["score"] > thr
             return out
 
     return GateModel
