@@ -9,8 +9,8 @@ import pytest
 from speccap.decoding import packets
 from speccap.serving.client import CloudRefused, CloudUnavailable
 from speccap.serving.edge import caption_remote
-from speccap.serving.server import load_tokens
 from speccap.serving.sessions import Limits
+from speccap.serving.tokens import load_tokens
 
 from .conftest import TOKEN, link, settings
 
