@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import sys
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from speccap.config import gate_decode, load_params  # noqa: E402
 from speccap.gating.features import TOKEN_SCALARS  # noqa: E402
 from speccap.gating.token_gates import LearnedTokenGate, fit_token_gate, impact_weights, threshold_for_share  # noqa: E402
 from speccap.pipeline.gates import end_token  # noqa: E402
+from speccap.pipeline.saved import load_gate  # noqa: E402
 from speccap.pipeline.sweep import eval_clips  # noqa: E402
 from speccap.pipeline.traces import TRACE_DIR, clip_table, features_of  # noqa: E402
 from speccap.pipeline.verify_rank import default_rank, rank_config  # noqa: E402
@@ -74,8 +74,7 @@ def main() -> None:
     params = load_params(args.params)
     gates = read_gates()
     name = gates["chosen"]["critical"]
-    with open(Path("models/gates") / f"{name}.pkl", "rb") as fh:
-        stage_model = pickle.load(fh)["model"]
+    stage_model = load_gate(params, name).model
     train, val = stage_traces(params)
     x, xv = features_of(train), features_of(val)
     weights = impact_weights(train, args.weight) if args.weight else None

@@ -4,7 +4,7 @@
 
 RUN_A and RUN_B are project roots after a full `dvc repro` (e.g. two clean clones, or
 `benchmarks/pipeline.py --keep` directories). Compared:
-- every model file (safetensors, gate pickles, WISV head) by sha256;
+- every model file (safetensors, gate files, WISV head) by sha256;
 - every decode and gate-evaluation configuration's captions, clip by clip (reports/runs/,
   reports/gate_runs/), and its per-caption counters that do not read the clock (tokens, rounds,
   escalations, drafted, accepted, corrected);
@@ -24,8 +24,10 @@ import re
 import subprocess
 from pathlib import Path
 
+from speccap.project import portable_path
+
 COUNTERS = ("tokens", "rounds", "escalations", "drafted", "accepted", "corrected")
-MODEL_GLOBS = ("models/edge/*.safetensors", "models/cloud/*.safetensors", "models/gates/*.pkl", "models/wisv/*.pt")
+MODEL_GLOBS = ("models/edge/*.safetensors", "models/cloud/*.safetensors", "models/gates/*.gate.json", "models/wisv/*.pt")
 
 
 def sha256(path: Path) -> str:
@@ -71,7 +73,7 @@ def compare_runs(a: Path, b: Path) -> dict:
         # records are appended as workers finish them: compared by clip, not by line
         la, lb = _records(pa), (_records(pb) if pb.exists() else {})
         traces.append({"file": pa.name, "records": len(la), "same": la == lb})
-    return {"a": str(a), "b": str(b), "commits": [_commit(a), _commit(b)], "models": models, "configs": configs,
+    return {"a": portable_path(a), "b": portable_path(b), "commits": [_commit(a), _commit(b)], "models": models, "configs": configs,
             "traces": traces}
 
 

@@ -28,7 +28,7 @@ from speccap.pipeline import folds
 from speccap.pipeline.crossfit import train_fold_gates
 from speccap.pipeline.dagger import dagger_rounds, total_clips
 from speccap.pipeline.gates import learned_names, train_gates
-from speccap.pipeline.saved import gate_dir
+from speccap.pipeline.saved import gate_dir, gate_path
 from speccap.pipeline.traces import TRACE_DIR, features_of
 from speccap.pipeline.verify_rank import choose_verify_rank, stamp_gates, total_captions
 from speccap.tracking import Tracker
@@ -67,7 +67,7 @@ def gates_flow(params_path: str | None = None) -> dict:
         finally:
             bar.close()
     out = gate_dir(params)
-    key = hashlib.sha256(b"".join((out / f"{n}.pkl").read_bytes() for n in learned_names(params))).hexdigest()[:12]
+    key = hashlib.sha256(b"".join(gate_path(params, n).read_bytes() for n in learned_names(params))).hexdigest()[:12]
     result["gates_key"] = key
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "gates")
@@ -87,7 +87,7 @@ def gates_flow(params_path: str | None = None) -> dict:
             metrics = {k: v for k, v in g.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             metrics |= {f"threshold_{b}_{lang}": t for b, per in g["thresholds"].items() for lang, t in per.items()}
             _, version = tracker.log_gate(
-                params.gates.registry_name, name, out / f"{name}.pkl", example,
+                params.gates.registry_name, name, gate_path(params, name), example,
                 {"kind": g["kind"], "target": g["target"], "budgets": list(params.gates.budgets)}, metrics,
                 artifacts=[out / f"{name}.importance.csv", out / "calibration.png"],
                 tags={"gate": name, "gates_key": key}, parent_id=parent)

@@ -1,6 +1,8 @@
 """DVC stage `promote`: the best learned gate on validation gets alias `champion` in the MLflow
 registry if it beats the current champion at the same budget; the decision and why go to
-reports/promotion.json and onto the model version."""
+reports/promotion.json and onto the model version. The champion ships as its gate file,
+models/champion.gate.json (gating.gate_file, stamped with its registered name and version): the
+very file the registry holds, which a device loads without MLflow (`speccap edge --gate FILE`)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ from prefect import flow
 
 from flows import stage_main
 from speccap.config import load_params
+from speccap.gating.gate_file import write_gate
 from speccap.models.base import shared_vocab
 from speccap.models.loading import load_role
 from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.promote import decide, evaluate_gate, validation_clips
-from speccap.pipeline.saved import gate_from_saved, load_gate
+from speccap.pipeline.saved import champion_path, gate_from_document, load_gate
+from speccap.project import portable_path
 from speccap.tracking import Tracker
 
 OUT = Path("reports/promotion.json")
@@ -41,13 +45,14 @@ def promote_flow(params_path: str | None = None) -> dict:
     champ = tracker.champion(name)
     champ_score = None
     if champ is not None:
-        saved = tracker.load_gate(name, "champion")
-        champ_score = evaluate_gate(edge, cloud, gate_from_saved(saved, name="champion"), params, clips)
+        champ_score = evaluate_gate(edge, cloud, gate_from_document(tracker.load_gate(name, "champion"), name="champion"),
+                                    params, clips)
     decision = decide(candidates, champ, champ_score)
     if decision["promote"]:
         tracker.promote(name, candidates[decision["promote"]]["version"], decision["reason"])
+    shipped = write_gate(champion_path(params), tracker.load_gate(name, "champion"))
     result = {"budget": budget, "candidates": candidates, "champion_before": champ, "champion_score": champ_score,
-              **decision, "champion_after": tracker.champion(name)}
+              **decision, "champion_after": tracker.champion(name), "shipped": portable_path(shipped)}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1, default=str))
     return result

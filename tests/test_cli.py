@@ -84,25 +84,6 @@ def test_caption_refuses_damaged_and_too_short_audio_and_says_when_it_trims(tiny
     assert caption.strip() and not CJK.search(caption)
 
 
-def test_the_champion_judges_by_its_own_rank_unless_the_command_line_says_otherwise():
-    from speccap.cli import _decode_spec, build_parser
-    from speccap.config import params_from_dict
-    from speccap.decoding.build import build_decoder
-    from speccap.decoding.gates import make_gate
-    gate = make_gate("entropy", 1.0).at_token_level("alone")
-    gate.verify_rank = {"en": 1, "zh": 2}
-    params = params_from_dict({"decode": {"rule": "rank", "rank": 3}})
-
-    def rule(*argv):
-        spec = _decode_spec(params, build_parser().parse_args(["caption", "x.wav", "--mode", "ugsd", *argv]))
-        return build_decoder(spec, learned=lambda _spec: gate).rule
-    assert rule("--gate", "champion").r == 1
-    assert rule("--gate", "champion", "--language", "zh").r == 2
-    assert rule("--gate", "champion", "--rank", "4").r == 4  # --rank wins
-    assert rule("--gate", "champion", "--rule", "rank").r == 3  # so does --rule: the params' R
-    assert rule("--gate", "entropy").r == 3  # a rule gate carries no R of its own
-
-
 def test_calibrate_prints_a_cost_model_params_accept_and_the_clock_uses(tiny_project, tmp_path, capsys):
     import yaml
 

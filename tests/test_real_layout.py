@@ -185,9 +185,18 @@ def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_pa
     assert promotion["champion_after"] is not None, promotion
     assert json.loads((proj / "models/wisv/report.json").read_text())["train_mismatches"] > 0
 
-    cap = subprocess.run([sys.executable, "-m", "speccap.cli", "caption", str(mer / f"{names[0]}.wav"),
-                          "--gate", "champion", "--json"], cwd=proj, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert cap.returncode == 0, cap.stderr[-3000:]
-    out = json.loads(cap.stdout.strip().splitlines()[-1])
-    assert isinstance(out["caption"], str) and out["mode"], out
+    # the champion from the registry, and from the file the promote stage shipped: the same captions
+    wavs = [str(mer / f"{n}.wav") for n in names[:3]]
+    captions = {}
+    for gate in ("champion", "models/champion.gate.json"):
+        cap = subprocess.run([sys.executable, "-m", "speccap.cli", "caption", *wavs, "--mode", "ugsd", "--gate", gate,
+                              "--json"], cwd=proj, env=env, capture_output=True, text=True, timeout=300)
+        assert cap.returncode == 0, cap.stderr[-3000:]
+        captions[gate] = [json.loads(x) for x in cap.stdout.strip().splitlines()]
+    assert [c["caption"] for c in captions["champion"]] == [c["caption"] for c in captions["models/champion.gate.json"]]
+    assert all(isinstance(c["caption"], str) and c["mode"] == "ugsd" for c in captions["champion"])
+    shipped = json.loads((proj / "models/champion.gate.json").read_text())
+    assert shipped["registry"]["version"] == promotion["champion_after"]["version"], shipped["registry"]
+    # the headline: the one metrics file, naming the promoted gate's row at the promote budget
+    headline = json.loads((proj / "reports/headline.json").read_text())
+    assert set(headline) == {"en", "zh"} and headline["en"]["gate"]["rho"] >= 0, headline

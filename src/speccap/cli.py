@@ -21,6 +21,7 @@ import json
 import sys
 from pathlib import Path
 
+from .caption_commands import add_decoding_options, cmd_caption, cmd_edge
 from .config import ConfigError, load_params
 from .fanout import WorkerDied
 from .numba_cache import NumbaCacheError
@@ -52,128 +53,15 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _cmd_caption(args) -> int:
-    import torch
-
-    from .data.features import clip_log_mel
-    from .decoding.build import build_decoder
-    from .decoding.engine import cloud_only, edge_only, speculative
-    from .decoding.link import Link
-    from .models.base import shared_vocab
-    from .models.loading import load_role
-    params = load_params(args.params)
-    spec = _decode_spec(params, args)
-    torch.set_num_threads(args.threads)
-    _quiet_loading()
-    edge = load_role(params, "edge") if args.mode in ("edge", "ugsd") else None
-    cloud = load_role(params, "cloud") if args.mode in ("cloud", "ugsd") else None
-    if edge is not None and cloud is not None:
-        shared_vocab(edge, cloud)
-    head = _wisv_head(params, args) if args.mode == "ugsd" and spec.rule == "wisv" else None
-    for path in args.files:
-        clip = _read_speech(path, params)
-        mel = clip_log_mel(clip.samples, params.features)
-        link = Link(params.link, seed=args.seed)
-        if args.mode == "edge":
-            rec = edge_only(edge, mel, args.language, spec.max_new_tokens, spec.temperature, args.seed,
-                            spec.edge_time_scale, spec.cost)
-        elif args.mode == "cloud":
-            rec = cloud_only(cloud, mel, args.language, link, spec.max_new_tokens, spec.temperature, args.seed,
-                             spec.cloud_time_scale, spec.cost)
-        else:
-            settings = build_decoder(spec, learned=_champion_loader(params), head=head)
-            rec = speculative(edge, cloud, mel, args.language, settings, link)
-        _print_caption(args, path, rec, args.mode, clip.notes)
-    return 0
-
-
-def _quiet_loading() -> None:
-    """No progress bars while the models load: a caption's stderr holds its notes and errors alone."""
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()
-
-
-def _read_speech(path, params):
-    """The clip at `path`, or an AudioError naming it when it cannot be read or holds no speech
-    (speccap.data.speech: a constant offset, stationary noise, near-silence)."""
-    from .data.audio_io import AudioError, read_audio
-    from .data.speech import check_speech
-    clip = read_audio(path, max_seconds=params.data.max_clip_seconds)
-    found = check_speech(clip.samples, clip.sample_rate)
-    if not found.has_speech:
-        raise AudioError(path, f"no speech to caption: {found.found()}")
-    return clip
-
-
-def _decode_spec(params, args):
-    """The decoder params.decode describes with the command line's decoding options on top. The
-    champion judges its flagged tokens by the R it carries for the language (chosen on validation)
-    unless --rank or --rule says otherwise."""
-    from .decoding.build import DecodeSpec
-    champion = args.gate == "champion"
-    overrides = {k: v for k, v in (("gate", args.gate), ("threshold", args.threshold),
-                                   ("block_len", args.block_len), ("rank", args.rank), ("rule", args.rule),
-                                   ("temperature", args.temperature), ("in_flight", getattr(args, "in_flight", None)),
-                                   ("qs_level", args.qs_level), ("tau", args.tau), ("seed", args.seed))
-                 if v is not None}
-    if args.gate in ("never", "always") or (champion and args.threshold is None):
-        overrides["threshold"] = None  # no threshold, or the champion's own
-    if champion and args.rank is None and args.rule is None:
-        overrides["gate_rank"] = args.language
-    return DecodeSpec.from_params(params, **overrides)
-
-
-def _champion_loader(params):
-    """How the decoder loads `--gate champion`: the gate holding alias `champion` in the MLflow
-    registry (gates.registry_name), at its own threshold unless --threshold."""
-    def load(spec):
-        from .pipeline.saved import gate_from_saved
-        from .tracking import Tracker
-        tracker = Tracker(params.tracking.uri, params.tracking.experiment)
-        if tracker.champion(params.gates.registry_name) is None:
-            raise LookupError(f"no gate holds alias 'champion' in registered model {params.gates.registry_name!r} at "
-                              f"{tracker.uri} (run the pipeline's promote stage: dvc repro promote)")
-        saved = tracker.load_gate(params.gates.registry_name, "champion")
-        return gate_from_saved(saved, spec.threshold, "champion")  # a token gate escalates token by token
-    return load
-
-
-def _wisv_head(params, args):
-    """The head trained by the wisv_head stage (or --wisv-head)."""
-    from .decoding.decision_head import load_head
-    from .pipeline.saved import head_path
-    return load_head(args.wisv_head or head_path(params))
-
-
-def _print_caption(args, path, rec, mode: str, notes) -> None:
-    if args.json:
-        metrics = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in rec.metrics().items()}
-        print(json.dumps({"file": str(path), "caption": rec.caption, "mode": mode, "language": args.language,
-                          "notes": notes, **metrics}, ensure_ascii=False), flush=True)
-        return
-    for note in notes:  # what was done to the input (trimmed, resampled, ...): said, never silent
-        print(f"{path}: note: {note}", file=sys.stderr, flush=True)
-    m = rec.metrics()
-    extra = f"  [rho {m['rho']:.2f}, {m['rounds']} rounds]" if mode in ("ugsd", "networked") else ""
-    if m.get("in_flight"):
-        extra += f" [pipelined: {m['wasted']} drafted tokens thrown away, waited {m['wait_time']:.3f} s]"
-    if mode == "networked":
-        extra += (f" [network {m['net_rtt']:.3f} s measured vs {m['link_model_time']:.3f} s link model, "
-                  f"{m['http_bytes_up']} B up]")
-        if m["fallback"]:
-            extra += f" [CLOUD UNREACHABLE: {m['fallback']} block(s) kept on the edge: {m['fallback_reasons'][0]}]"
-    clock = "measured" if mode == "networked" else "modelled"
-    print(f"{path}: {rec.caption}\n  ({m['tokens']} tokens, {m['total_time']:.3f} s {clock}){extra}", flush=True)
-
-
 def _cmd_serve_cloud(args) -> int:
     import logging
 
     import torch
 
     from .models.loading import load_role
-    from .serving.server import load_tokens, serve
+    from .serving.server import serve
     from .serving.sessions import Limits
+    from .serving.tokens import load_tokens
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.batch < 1 or args.batch_window_ms < 0:  # before the model loads
         raise ValueError(f"--batch must be at least 1 (got {args.batch}) and --batch-window-ms at least 0 "
@@ -192,57 +80,6 @@ def _cmd_serve_cloud(args) -> int:
     serve(cloud, tokens, limits, args.host, args.port, args.certfile, args.keyfile, args.compute_slots, head,
           args.batch, args.batch_window_ms)
     return 0
-
-
-def _cmd_edge(args) -> int:
-    import torch
-
-    from .data.features import clip_log_mel
-    from .decoding.build import build_decoder
-    from .decoding.link import Link
-    from .models.loading import load_role
-    from .serving.client import VerifierClient
-    from .serving.edge import caption_remote, check_compatible
-    from .serving.server import client_token
-    params = load_params(args.params)
-    spec = _decode_spec(params, args)
-    torch.set_num_threads(args.threads)
-    _quiet_loading()
-    edge = load_role(params, "edge")
-    with VerifierClient(args.server, client_token(args.token_file), args.timeout, args.retries,
-                        cafile=args.cafile) as client:
-        info = client.info()  # fails here, clearly, on a wrong URL, token or certificate
-        check_compatible(edge, info)
-        for path in args.files:
-            clip = _read_speech(path, params)
-            mel = clip_log_mel(clip.samples, params.features)
-            # wisv: the server holds the head; the edge sends tau, the channel and the states
-            settings = build_decoder(spec, learned=_champion_loader(params))
-            rec = caption_remote(edge, client, info, mel, args.language, settings, Link(params.link, seed=args.seed),
-                                 args.wire_dtype, args.wire_dtype, emulate=args.emulate_link)
-            _print_caption(args, path, rec, "networked", clip.notes)
-    return 0
-
-
-def _add_decoding_options(s) -> None:
-    s.add_argument("files", nargs="+", type=Path, help="audio files (WAV, FLAC, ...)")
-    s.add_argument("--language", choices=("en", "zh"), default="en", help="caption language (default en)")
-    s.add_argument("--gate", choices=("never", "always", "entropy", "margin", "logprob", "champion"),
-                   help="which blocks go to the cloud (default: decode.gate; champion = the learned gate promoted "
-                        "in the MLflow registry, at its own threshold unless --threshold)")
-    s.add_argument("--threshold", type=float, help="gate threshold (entropy gamma, margin delta, log-prob)")
-    s.add_argument("--block-len", type=int, help="draft length L; 0 = UGSD adaptive (default: decode.block_len)")
-    s.add_argument("--rule", choices=("greedy", "rank", "spec_sampling", "qs", "sq", "wisv"),
-                   help="verification rule (qs: lossless quantize-then-sample, needs --temperature > 0; wisv: "
-                        "greedy localization with the CSI-aware head tolerating some mismatches, in-process only)")
-    s.add_argument("--tau", type=float, help="wisv: tolerate a mismatch when P(reject) < tau (default: wisv.tau)")
-    s.add_argument("--wisv-head", type=Path, help="wisv: the decision head (default: models/wisv/head.pt)")
-    s.add_argument("--qs-level", type=int, help="lattice level of qs / sq (default: qs.level)")
-    s.add_argument("--rank", type=int, help="R of the rank rule")
-    s.add_argument("--temperature", type=float, help="0 = greedy; > 0 = sampling (default: decode.temperature)")
-    s.add_argument("--seed", type=int, default=0, help="sampling and link seed")
-    s.add_argument("--threads", type=int, default=2, help="CPU threads (the papers' edge has 2)")
-    s.add_argument("--json", action="store_true", help="one JSON object per file with the caption and timings")
 
 
 def _cmd_score(args) -> int:
@@ -337,12 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_train)
     s = sub.add_parser("caption", help="caption audio files (any rate, mono or stereo) with one model")
-    _add_decoding_options(s)
+    add_decoding_options(s)
     s.add_argument("--mode", choices=("edge", "cloud", "ugsd"), default="edge",
                    help="edge-only, cloud-only, or gated speculative decoding (default edge)")
     s.add_argument("--in-flight", type=int, help="pipelined verification: blocks in flight while the edge drafts "
                                                  "ahead (0 = blocking loop; default: decode.in_flight)")
-    s.set_defaults(func=_cmd_caption)
+    s.set_defaults(func=cmd_caption)
 
     _add_serve_cloud(sub)
 
@@ -351,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "escalates gated blocks to `speccap serve-cloud` at --server. Only features and "
                                    "token ids leave the machine. When the server is unreachable the blocks stay on "
                                    "the edge (flagged in the output), so every file gets a caption.")
-    _add_decoding_options(s)
+    add_decoding_options(s)
     s.add_argument("--server", required=True, help="verifier URL, e.g. http://127.0.0.1:8765")
     s.add_argument("--token-file", type=Path, help="file whose first line is the bearer token (default: $SPECCAP_TOKEN)")
     s.add_argument("--cafile", help="CA bundle or self-signed certificate to trust for an https:// server")
@@ -362,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "captions identical to the in-process loop (default float16, half the bytes)")
     s.add_argument("--emulate-link", action="store_true",
                    help="also wait the link model's time (params link:) for every packet, on top of the real socket")
-    s.set_defaults(func=_cmd_edge)
+    s.set_defaults(func=cmd_edge)
 
     s = sub.add_parser("score", help="score captions (JSONL with id, caption) against a manifest")
     s.add_argument("manifest", type=Path, help="manifest JSONL, e.g. data/processed/manifests/test.en.jsonl")

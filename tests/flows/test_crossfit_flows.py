@@ -53,7 +53,7 @@ def test_each_clip_is_evaluated_by_gates_that_never_saw_it(own_project, tmp_path
         assert p["val_fold"] == val_fold(p["fold"], 3)
         assert p["train_clips"] == clips_in({0, 1, 2} - {p["fold"], p["val_fold"]})
         assert p["val_clips"] == clips_in({p["val_fold"]})
-        assert (tmp_path / f"models/gates/folds/{p['fold']}/tok-logistic-critical.pkl").exists()
+        assert (tmp_path / f"models/gates/folds/{p['fold']}/tok-logistic-critical.gate.json").exists()
 
     result = gate_eval_flow(str(pfile))
     summary = json.loads((tmp_path / "reports/gates/summary.json").read_text())

@@ -10,9 +10,10 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from speccap.gating.features import FEATURES
+from speccap.gating.features import token_columns
 from speccap.tracking import Tracker
 
+from ..gating.test_token_gates import DIM
 from ..test_tracking import _gate_file
 from .daemons import mlflow_server, postgres, prefect_server, stop
 
@@ -96,7 +97,7 @@ def test_mlflow_and_prefect_on_postgresql(tiny_project, tmp_path):
                 prefect_server(prefect_db, tmp_path / "prefect") as api:
             _two_sweeps_at_once(tiny_project, tmp_path, url, api)
             tracker = Tracker(url, "registry")
-            rows = pd.DataFrame([{f: 0.0 for f in FEATURES} | {"entropy": e} for e in (0.1, 4.0)])
+            rows = pd.DataFrame([{c: 0.0 for c in token_columns(DIM)} | {"h0": h} for h in (-1.0, 3.0)])
             versions = [tracker.log_gate("gate-pg", f"g{k}", _gate_file(tmp_path), rows, {"kind": "lightgbm"}, {})[1]
                         for k in range(2)]
             assert tracker.champion("gate-pg") is None

@@ -1,8 +1,7 @@
-import pickle
-
 import pytest
 
 from speccap.config import params_from_dict
+from speccap.gating.gate_file import read_gate
 from speccap.gating.token_gates import LearnedTokenGate
 from speccap.pipeline.gates import learned_names, train_gates
 from speccap.pipeline.saved import load_gate
@@ -23,8 +22,9 @@ def test_train_gates_saves_each_gate_with_thresholds_per_budget(tmp_path):
             thr = [g["thresholds"][str(b)][lang] for b in (0.05, 0.15, 0.5)]
             assert thr == sorted(thr, reverse=True)  # a bigger budget lowers the bar
         assert g["auc_critical" if name.endswith("critical") else "auc_mismatch"] > 0.7
-        saved = pickle.loads((tmp_path / "gates" / f"{name}.pkl").read_bytes())
+        saved = read_gate(tmp_path / "gates" / f"{name}.gate.json")
         assert saved["threshold"] == g["thresholds"]["0.15"] and saved["verify"] == "alone"
+        assert saved["thresholds"] == g["thresholds"] and saved["promote_budget"] == 0.15
     # the chosen one per target has the best validation AUC on that target
     crit = [n for n in learned_names(p) if n.endswith("critical")]
     assert result["chosen"]["critical"] == max(crit, key=lambda n: result["gates"][n]["auc_critical"])

@@ -32,7 +32,7 @@ RULE_GATES = get_args(GateName)  # every other gate name is a learned gate
 @dataclass(frozen=True)
 class DecodeSpec:
     """How one speculative caption is decoded (defaults: params.yaml's `decode:` defaults)."""
-    gate: str = "entropy"  # a rule gate (RULE_GATES), a learned gate's name, or "champion"
+    gate: str = "entropy"  # a rule gate (RULE_GATES), a learned gate's name, "champion" or a gate file
     threshold: float | dict | None = 1.0  # None: never/always; a learned gate's default (its promote budget)
     block_len: int = 5  # fixed draft length L; 0 = the UGSD adaptive rule
     adaptive: tuple[int, int, int] = (2, 5, 8)  # UGSD's L_min, L_base, L_max

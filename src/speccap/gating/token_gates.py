@@ -48,7 +48,7 @@ def target_values(labels: pd.DataFrame, target: str) -> np.ndarray:
 
 
 class _MLP:
-    """A small torch classifier with the scikit-learn calls the gate uses (fit, predict_proba)."""
+    """A small torch network fitted like a scikit-learn model; it scores through MLPScorer."""
 
     def __init__(self, hidden: int = 64, epochs: int = 60, lr: float = 3e-3, seed: int = 0, regression: bool = False):
         self.hidden, self.epochs, self.lr, self.seed, self.regression = hidden, epochs, lr, seed, regression
@@ -111,23 +111,9 @@ class _MLP:
                     break
         if best_state is not None:
             net.load_state_dict(best_state)
-        # kept as numpy: the gate scores one token at a time, and a torch call per token costs ~1 ms
         self.weights = [net[0].weight.detach().numpy().T.copy(), net[0].bias.detach().numpy().copy(),
                         net[3].weight.detach().numpy().T.copy(), net[3].bias.detach().numpy().copy()]
         return self
-
-    def _output(self, x: np.ndarray) -> np.ndarray:
-        w1, b1, w2, b2 = self.weights
-        h = np.maximum(((x - self.mean) / self.std).astype(np.float32) @ w1 + b1, 0.0)
-        return (h @ w2 + b2)[:, 0]
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """The regression's prediction, in the target's units."""
-        return self._output(x) * self.scale
-
-    def predict_proba(self, x: np.ndarray) -> np.ndarray:
-        p = 1.0 / (1.0 + np.exp(-self._output(x)))
-        return np.stack([1 - p, p], axis=1)
 
 
 def _classifier(kind: str, seed: int, regression: bool = False):
@@ -149,15 +135,112 @@ def _classifier(kind: str, seed: int, regression: bool = False):
     raise ValueError(f"unknown token gate classifier {kind!r} (expected one of {TOKEN_KINDS})")
 
 
+class LightGBMScorer:
+    """A fitted LightGBM model, kept as LightGBM's own model text: the booster that scores is the
+    one the text loads, so a gate read back from its file scores exactly as it did when trained."""
+
+    format = "lightgbm-model-text"
+
+    def __init__(self, model_text: str):
+        import lightgbm
+        self.model_text = model_text
+        self.booster = lightgbm.Booster(model_str=model_text)
+
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        return self.booster.predict(x, num_threads=1)
+
+    def importances(self) -> np.ndarray:
+        return np.asarray(self.booster.feature_importance("gain"), dtype=float)
+
+    def to_json(self) -> dict:
+        return {"format": self.format, "model": self.model_text}
+
+    @classmethod
+    def from_json(cls, d: dict) -> LightGBMScorer:
+        return cls(d["model"])
+
+
+class LinearScorer:
+    """Standardized inputs times coefficients plus an intercept; through the logistic function for a
+    classifier (the scikit-learn pipeline's numbers, applied directly: its wrappers cost ~1 ms a call)."""
+
+    format = "linear"
+
+    def __init__(self, mean, scale, coef, intercept: float, logistic: bool):
+        self.mean, self.scale = np.asarray(mean, dtype=float), np.asarray(scale, dtype=float)
+        self.coef, self.intercept, self.logistic = np.asarray(coef, dtype=float), float(intercept), bool(logistic)
+
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        z = ((x - self.mean) / self.scale) @ self.coef + self.intercept
+        return 1.0 / (1.0 + np.exp(-z)) if self.logistic else z
+
+    def importances(self) -> np.ndarray:
+        return self.coef
+
+    def to_json(self) -> dict:
+        return {"format": self.format, "mean": self.mean.tolist(), "scale": self.scale.tolist(),
+                "coef": self.coef.tolist(), "intercept": self.intercept, "logistic": self.logistic}
+
+    @classmethod
+    def from_json(cls, d: dict) -> LinearScorer:
+        return cls(d["mean"], d["scale"], d["coef"], d["intercept"], d["logistic"])
+
+
+class MLPScorer:
+    """The MLP's standardization and two layers in float32 numpy (a torch call per token costs ~1 ms)."""
+
+    format = "mlp-relu"
+
+    def __init__(self, mean, std, weights, scale: float, logistic: bool):
+        f32 = np.float32
+        self.mean, self.std = np.asarray(mean, dtype=f32), np.asarray(std, dtype=f32)
+        self.weights = [np.asarray(w, dtype=f32) for w in weights]
+        self.scale, self.logistic = float(scale), bool(logistic)
+
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        w1, b1, w2, b2 = self.weights
+        h = np.maximum(((x - self.mean) / self.std).astype(np.float32) @ w1 + b1, 0.0)
+        out = (h @ w2 + b2)[:, 0]
+        return 1.0 / (1.0 + np.exp(-out)) if self.logistic else out * self.scale
+
+    def importances(self) -> None:
+        return None
+
+    def to_json(self) -> dict:
+        return {"format": self.format, "mean": self.mean.tolist(), "std": self.std.tolist(),
+                "weights": [w.tolist() for w in self.weights], "scale": self.scale, "logistic": self.logistic}
+
+    @classmethod
+    def from_json(cls, d: dict) -> MLPScorer:
+        return cls(d["mean"], d["std"], d["weights"], d["scale"], d["logistic"])
+
+
+SCORERS = {c.format: c for c in (LightGBMScorer, LinearScorer, MLPScorer)}
+
+
+def scorer_of(kind: str, fitted, regression: bool):
+    """The portable scorer of a fitted `_classifier(kind)`: what the gate keeps and ships."""
+    if kind == "lightgbm":
+        return LightGBMScorer(fitted.booster_.model_to_string())
+    if kind == "logistic":
+        scaler, lr = fitted[0], fitted[-1]
+        return LinearScorer(scaler.mean_, scaler.scale_, lr.coef_.reshape(-1), np.ravel(lr.intercept_)[0],
+                            logistic=not regression)
+    if kind == "mlp":
+        return MLPScorer(fitted.mean, fitted.std, fitted.weights, fitted.scale, logistic=not regression)
+    raise ValueError(f"unknown token gate classifier {kind!r} (expected one of {TOKEN_KINDS})")
+
+
 @dataclass
 class TokenGateModel:
-    """A fitted token classifier and the columns it reads (token_columns(dim))."""
+    """A token classifier, as the portable scorer of its fitted model, and the columns it reads
+    (token_columns(dim))."""
 
     kind: str
     target: str
     dim: int  # edge hidden size
     eos: int  # the end token's id (its row has is_end = 1)
-    clf: object
+    scorer: LightGBMScorer | LinearScorer | MLPScorer
     meta: dict = field(default_factory=dict)
     level: str = "token"
 
@@ -176,19 +259,17 @@ class TokenGateModel:
         return np.delete(x, len(TOKEN_SCALARS), axis=1)
 
     def token_scores(self, x: np.ndarray) -> np.ndarray:
-        # The loop scores one token at a time: the scikit-learn wrappers cost ~1 ms a call, so the
-        # fitted models are applied directly (the same numbers, tested)
         x = np.asarray(x, dtype=np.float32)
-        if self.kind == "lightgbm":
-            return self.clf.booster_.predict(x, num_threads=1)
-        if self.kind == "logistic":
-            scaler, lr = self.clf[0], self.clf[-1]
-            coef = lr.coef_.reshape(-1)  # (d,) for ridge, (1, d) for the logistic regression
-            z = ((self._inputs(x) - scaler.mean_) / scaler.scale_) @ coef + float(np.ravel(lr.intercept_)[0])
-            return z if self.regression else 1.0 / (1.0 + np.exp(-z))
-        if self.regression:
-            return self.clf.predict(self._inputs(x))
-        return self.clf.predict_proba(self._inputs(x))[:, 1]
+        return self.scorer.scores(x if self.kind == "lightgbm" else self._inputs(x))
+
+    def importances(self) -> tuple[tuple[str, ...], np.ndarray] | None:
+        """(columns, LightGBM's gain or the linear coefficients) per column read; None for the MLP."""
+        vals = self.scorer.importances()
+        if vals is None:
+            return None
+        cols = self.columns if self.kind == "lightgbm" else self.columns[:len(TOKEN_SCALARS)] + \
+            self.columns[len(TOKEN_SCALARS) + 1:]  # the linear model does not read the raw id
+        return cols, vals
 
 
 def fit_token_gate(x: np.ndarray, labels: pd.DataFrame, kind: str, target: str, dim: int, eos: int,
@@ -208,18 +289,26 @@ def fit_token_gate(x: np.ndarray, labels: pd.DataFrame, kind: str, target: str, 
                          "(trace more clips: params gates.traces.train_clips)")
     if sample_weight is not None and len(sample_weight) != len(y):
         raise ValueError(f"sample weights: {len(sample_weight)} for {len(y)} rows")
-    model = TokenGateModel(kind, target, dim, eos, _classifier(kind, seed, regression))
+    clf = fit_estimator(x, labels, kind, target, seed, sample_weight)
     rate = "mean" if regression else "rate"
-    model.meta = {"train_tokens": int(len(y)), f"train_{target}_{rate}": float(y.mean())}
+    return TokenGateModel(kind, target, dim, eos, scorer_of(kind, clf, regression),
+                          {"train_tokens": int(len(y)), f"train_{target}_{rate}": float(y.mean())})
+
+
+def fit_estimator(x: np.ndarray, labels: pd.DataFrame, kind: str, target: str, seed: int = 0,
+                  sample_weight: np.ndarray | None = None):
+    """The fitted scikit-learn, LightGBM or torch model of `kind` for `target` (checked by fit_token_gate)."""
+    regression = target in REGRESSION_TARGETS
+    y = target_values(labels, target)
+    clf = _classifier(kind, seed, regression)
     if kind == "lightgbm":  # the token id column as a category (by index: ids have no order)
-        model.clf.fit(x, y, sample_weight=sample_weight, categorical_feature=[len(TOKEN_SCALARS)])
-    elif kind == "mlp":
-        model.clf.fit(model._inputs(x), y, groups=labels["clip_id"].to_numpy() if "clip_id" in labels else None,
-                      sample_weight=sample_weight)
-    else:
-        step = "ridge" if regression else "logisticregression"
-        model.clf.fit(model._inputs(x), y, **{f"{step}__sample_weight": sample_weight})
-    return model
+        return clf.fit(x, y, sample_weight=sample_weight, categorical_feature=[len(TOKEN_SCALARS)])
+    inputs = np.delete(x, len(TOKEN_SCALARS), axis=1)
+    if kind == "mlp":
+        return clf.fit(inputs, y, groups=labels["clip_id"].to_numpy() if "clip_id" in labels else None,
+                       sample_weight=sample_weight)
+    step = "ridge" if regression else "logisticregression"
+    return clf.fit(inputs, y, **{f"{step}__sample_weight": sample_weight})
 
 
 def impact_weights(labels: pd.DataFrame, weight: float) -> np.ndarray:

@@ -16,15 +16,16 @@ round's); traces made under another gate or other models are made again.
 from __future__ import annotations
 
 import hashlib
-import pickle
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
 
 from ..config import Params
+from ..gating.gate_file import model_of
 from .gates import main_gate, roc_auc, train_gates
-from .saved import gate_dir
+from .saved import gate_path
 from .traces import DaggerSettings, collect, dagger_one, features_of, shadow_summary, trace_clips
 from .workers import Pool
 
@@ -42,14 +43,14 @@ def round_counts(params: Params) -> SimpleNamespace:
 
 
 def round_settings(params: Params, name: str):
-    """The round's trace settings (the gate at its promote-budget thresholds, its pickle's hash) and
-    the gate's model, from one read of models/gates/<name>.pkl."""
-    blob = (gate_dir(params) / f"{name}.pkl").read_bytes()
-    saved = pickle.loads(blob)
+    """The round's trace settings (the gate at its promote-budget thresholds, its file's hash) and
+    the gate's model, from one read of models/gates/<name>.gate.json."""
+    blob = gate_path(params, name).read_bytes()
+    saved = json.loads(blob)
     settings = DaggerSettings(rank=params.decode.rank, critical_margin=params.gates.traces.critical_margin,
                               max_new_tokens=params.models.max_new_tokens, gate=name, threshold=saved["threshold"],
                               verify=params.gates.verify, gate_sha=hashlib.sha256(blob).hexdigest()[:12])
-    return settings, saved["model"]
+    return settings, model_of(saved, name)
 
 
 def dagger_rounds(params: Params, params_path: str | None, train: pd.DataFrame, val: pd.DataFrame, result: dict,

@@ -13,15 +13,15 @@ gates.targets is the main one (`main_gate`): DAgger decodes with its chosen gate
 choice and the test evaluation's full-size rows use it. The rule baselines get thresholds
 for the same budgets from the same traces: `entropy` per token, and `entropy-block` per block of
 gates.traces.block_len tokens (UGSD's gate; the traces' caption cut into blocks as the loop would
-draft them while it escalates nothing). Each learned gate is saved as models/gates/<name>.pkl
-({"model", "thresholds", "threshold", "name", "verify"}, and "verify_rank" once the stage has chosen
-how strictly flagged tokens are judged: pipeline.verify_rank).
+draft them while it escalates nothing). Each learned gate is saved as a self-contained gate file,
+models/gates/<name>.gate.json (gating.gate_file: the classifier, its thresholds per budget, how it
+verifies, and "verify_rank" once the stage has chosen how strictly flagged tokens are judged:
+pipeline.verify_rank).
 """
 
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,7 @@ import pandas as pd
 
 from ..config import Params
 from ..gating.features import TOKEN_SCALARS
+from ..gating.gate_file import SUFFIX, gate_document, write_gate
 from ..gating.learned import rule_token_scores, threshold_for_budget
 from ..gating.token_gates import TokenGateModel, fit_token_gate, impact_weights, target_values, threshold_for_share
 from .saved import gate_dir
@@ -67,15 +68,12 @@ def roc_auc(y: np.ndarray, s: np.ndarray) -> float | None:
 
 def importances(model: TokenGateModel) -> pd.DataFrame | None:
     """LightGBM's gain per column, or the logistic coefficients; the MLP has none to give."""
-    cols = list(model.columns)
-    if model.kind == "lightgbm":
-        vals = np.asarray(model.clf.booster_.feature_importance("gain"), dtype=float)
-    elif model.kind == "logistic":
-        cols = cols[:len(TOKEN_SCALARS)] + cols[len(TOKEN_SCALARS) + 1:]  # it does not read the raw id
-        vals = np.asarray(model.clf[-1].coef_, dtype=float).reshape(-1)
-    else:
+    found = model.importances()
+    if found is None:
         return None
-    return pd.DataFrame({"feature": cols, "importance": vals}).sort_values("importance", key=np.abs, ascending=False)
+    cols, vals = found
+    return pd.DataFrame({"feature": list(cols), "importance": vals}).sort_values("importance", key=np.abs,
+                                                                                ascending=False)
 
 
 def calibration_plot(curves: dict[str, tuple[np.ndarray, np.ndarray]], path: Path,
@@ -139,9 +137,9 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
                  "auc_critical": roc_auc(y["critical"], s),
                  "captured": captured(val, s, sorted({*g.budgets, g.promote_budget})),
                  "top_features": [] if imp is None else imp["feature"].head(5).tolist(), **model.meta}
-        with open(out / f"{name}.pkl", "wb") as fh:
-            pickle.dump({"model": model, "thresholds": thresholds, "name": name, "verify": g.verify,
-                         "threshold": _thresholds(val, s, [g.promote_budget])[str(g.promote_budget)]}, fh)
+        write_gate(out / f"{name}{SUFFIX}", gate_document(
+            model, name, thresholds, _thresholds(val, s, [g.promote_budget])[str(g.promote_budget)], g.promote_budget,
+            g.verify))
         result["gates"][name] = entry
     for target in g.targets:
         named = [n for n in learned_names(params) if n.endswith(f"-{target}")]

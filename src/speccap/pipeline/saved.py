@@ -1,16 +1,15 @@
 """Where the learned deciders are saved and how a decoder loads them: the token gates
-(models/gates/<name>.pkl, and per fold under cross-fitting) and the WISV head (models/wisv/head.pt).
-The decoding workers (pipeline.sweep), the stages that train them and the CLI read them here, so
-loading a decider never needs the code that trains it."""
+(models/gates/<name>.gate.json, gating.gate_file; per fold under cross-fitting) and the WISV head
+(models/wisv/head.pt). The decoding workers (pipeline.sweep), the stages that train them and the CLI
+read them here, so loading a decider never needs the code that trains it."""
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 from ..config import Params
 from ..decoding.decision_head import load_head
-from ..gating.learned import LearnedGate
+from ..gating.gate_file import SUFFIX, model_of, read_gate
 from ..gating.token_gates import LearnedTokenGate
 
 
@@ -21,31 +20,37 @@ def gate_dir(params: Params, fold: int | None = None) -> Path:
     return root if fold is None else root / "folds" / str(fold)
 
 
-def gate_from_saved(saved: dict, threshold: float | dict | None = None, name: str | None = None):
-    """The gate a saved pickle describes: a token gate, or an older block gate (gating.learned)."""
-    thr = saved["threshold"] if threshold is None else threshold
-    model = saved["model"]
-    if getattr(model, "level", "block") == "token":
-        return LearnedTokenGate(model, thr, name or saved.get("name"), saved.get("verify", "alone"),
-                                saved.get("verify_rank"))
-    return LearnedGate(model, thr, name or saved.get("name"))
+def gate_path(params: Params, name: str, fold: int | None = None) -> Path:
+    return gate_dir(params, fold) / f"{name}{SUFFIX}"
+
+
+def champion_path(params: Params) -> Path:
+    """The promoted gate's file, as the promote stage ships it to devices."""
+    return Path(params.models.dir) / f"champion{SUFFIX}"
+
+
+def gate_from_document(doc: dict, threshold: float | dict | None = None, name: str | None = None) -> LearnedTokenGate:
+    """The token gate a gate file's document describes, at `threshold` (default: its own, the
+    promote budget's per language)."""
+    return LearnedTokenGate(model_of(doc, name or doc.get("name", "gate")),
+                            doc["threshold"] if threshold is None else threshold, name or doc.get("name"),
+                            doc.get("verify", "alone"), doc.get("verify_rank"))
 
 
 def load_gate(params: Params, name: str, threshold: float | dict | None = None, cache: dict | None = None,
-              fold: int | None = None):
-    """A learned gate from models/gates/<name>.pkl (`fold`: the cross-fitted one that evaluates that
-    fold), at `threshold` (default: the promote budget's, per language)."""
-    path = gate_dir(params, fold) / f"{name}.pkl"
+              fold: int | None = None) -> LearnedTokenGate:
+    """A learned gate from models/gates/<name>.gate.json (`fold`: the cross-fitted one that evaluates
+    that fold), at `threshold` (default: the promote budget's, per language)."""
+    path = gate_path(params, name, fold)
     if cache is not None and path in cache:
-        saved = cache[path]
+        doc = cache[path]
     else:
         if not path.exists():
             raise FileNotFoundError(f"{path}: no trained gate {name!r} (run the `gates` stage: dvc repro gates)")
-        with open(path, "rb") as fh:
-            saved = pickle.load(fh)
+        doc = read_gate(path)
         if cache is not None:
-            cache[path] = saved
-    return gate_from_saved(saved, threshold, name)
+            cache[path] = doc
+    return gate_from_document(doc, threshold, name)
 
 
 def head_path(params: Params) -> Path:

@@ -78,8 +78,8 @@ def _shadow_record(job: tuple, settings, committed_of) -> dict:
 @dataclasses.dataclass(frozen=True)
 class DaggerSettings:
     """A DAgger round's traces: the shadow settings, and the gate whose committed captions are traced
-    (models/gates/<gate>.pkl at `threshold` per language, verifying `verify`; `gate_sha` is its
-    pickle's hash, so traces made under another gate are made again)."""
+    (models/gates/<gate>.gate.json at `threshold` per language, verifying `verify`; `gate_sha` is
+    its file's hash, so traces made under another gate are made again)."""
 
     rank: int
     critical_margin: float

@@ -15,7 +15,7 @@ reported beside it. (An earlier rule kept decode.rank unless another R beat it w
 on 150 validation clips a language it could not move for gains of 1-2 points, so the test
 evaluation judged flagged tokens by the R that validation had ranked second in both languages.)
 
-The choice goes into gates.json ("verify_rank") and into every learned gate's pickle
+The choice goes into gates.json ("verify_rank") and into every learned gate's file
 ("verify_rank": language -> R), so the test evaluation, the promotion and a deployed champion
 (`speccap caption|edge --gate champion`) judge flagged tokens the same way. The traces and their
 labels stay at decode.rank. Records are written per clip under data/verify_rank/ (resumable; a
@@ -25,14 +25,14 @@ changed gate, model or setting gets new files).
 from __future__ import annotations
 
 import hashlib
-import pickle
 from pathlib import Path
 
 from ..config import Params
+from ..gating.gate_file import read_gate, write_gate
 from ..metrics.bootstrap import ClipStats, difference, interval
 from .gates import learned_names, main_gate
 from .markdown import md_table
-from .saved import gate_dir
+from .saved import gate_path
 from .sweep import RunConfig, config_key, models_fingerprint, run_config, summarize
 from .trace_refs import refs_path, training_clips
 from .workers import Pool
@@ -100,7 +100,7 @@ def choose_verify_rank(params: Params, params_path: str | None, gates_json: dict
     if len(ranks) == 1:
         out["chosen"] = {lang: default for lang in params.data.languages}
         return out
-    gate_sha = hashlib.sha256((gate_dir(params) / f"{name}.pkl").read_bytes()).hexdigest()[:12]
+    gate_sha = hashlib.sha256(gate_path(params, name).read_bytes()).hexdigest()[:12]
     models_fp = models_fingerprint(params)
     pool = Pool(params_path, params.sweep.workers if workers is None else workers, params.sweep.threads,
                 stage="gates", batch=params.sweep.batch)
@@ -125,15 +125,11 @@ def choose_verify_rank(params: Params, params_path: str | None, gates_json: dict
 
 
 def stamp_gates(params: Params, chosen: dict[str, int], fold: int | None = None) -> None:
-    """Write the chosen R per language into every learned gate's pickle (what the registry logs and
+    """Write the chosen R per language into every learned gate's file (what the registry logs and
     a deployed champion reads back; `fold`: the cross-fitted gates of that fold)."""
     for name in learned_names(params):
-        path = gate_dir(params, fold) / f"{name}.pkl"
-        with open(path, "rb") as fh:
-            saved = pickle.load(fh)
-        saved["verify_rank"] = dict(chosen)
-        with open(path, "wb") as fh:
-            pickle.dump(saved, fh)
+        path = gate_path(params, name, fold)
+        write_gate(path, read_gate(path) | {"verify_rank": dict(chosen)})
 
 
 def total_captions(params: Params) -> int:
