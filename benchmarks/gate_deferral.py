@@ -5,7 +5,7 @@ unfed until its verdict (decoding.halves.EdgeHalf): a draft the cloud replaces n
 a forward. Every token-level run of the gate evaluation (reports/gate_runs) records both counts
 per caption: the tokens the edge really fed (`edge_fed`) and what feeding every draft at once
 would have cost (each draft, plus each correction or bonus token fed after it). Both are timed as
-the gate report does (pipeline.gate_report.papers_seconds: edge 2.10 and cloud 24.16 tokens/s, the
+the gate report does (pipeline.papers_hardware.papers_seconds: edge 2.10 and cloud 24.16 tokens/s, the
 link model's time) against edge-only on the same clips. Run after `dvc repro gate_eval`:
 
     python benchmarks/gate_deferral.py        # -> reports/gate_deferral.md, reports/gate_deferral.json
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from speccap.pipeline.gate_report import papers_seconds  # noqa: E402
+from speccap.pipeline.papers_hardware import papers_seconds  # noqa: E402
 
 
 def _records(path: Path) -> list[dict]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 from common import mean, models_and_test_clips
@@ -35,8 +34,8 @@ from speccap.decoding.build import DecodeSpec, build_decoder
 from speccap.decoding.engine import cloud_only, edge_only, speculative
 from speccap.decoding.link import Link
 from speccap.metrics.caption import score_captions
-
-PAPER_EDGE_OTPS, PAPER_CLOUD_OTPS = 2.10, 24.16  # seed 000, Table 2: Edge (3B), Cloud (7B)
+from speccap.pipeline.papers_hardware import PAPER_CLOUD_OTPS, PAPER_EDGE_OTPS
+from speccap.project import portable_command
 
 
 def channels(base: LinkConfig) -> dict[str, LinkConfig]:
@@ -113,7 +112,7 @@ def run(params_path, n_clips: int, in_flight: list[int], out: Path, threads: int
         if "pipelined" in m:
             blocking = captions[m.split(" pipelined")[0] + " blocking"]
             same[m] = sum(caps[k] == blocking[k] for k in caps)
-    report = {"command": " ".join(["python"] + sys.argv), "clips": len(clips), "threads": threads,
+    report = {"command": portable_command(), "clips": len(clips), "threads": threads,
               "scales": {k: {"edge": v[0], "cloud": v[1]} for k, v in scales.items()},
               "gates": gates, "block_len": params.decode.block_len, "rule": params.decode.rule,
               "rank": params.decode.rank, "results": results, "bleu1": quality, "identical_captions": same}
