@@ -56,6 +56,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
                   "decode.cloud_time_scale", "decode.cost", "link", *_CROSS_FIT, "sweep.workers", "sweep.threads", "sweep.batch", *_MODELS,
                   "data.languages", "tracking.experiment"),
     "privacy": ("seed", "privacy", "uplink", "features", "data.languages", "tracking.experiment"),
+    "headline": ("data.languages",),
 }
 
 

@@ -12,19 +12,12 @@ row per k) replaces only the first k of them in each caption and takes no bonus 
 that sent the most without exceeding rho* (`oracle_at`). Gap closed = (method - edge) / (cloud - edge), for
 BLEU-1 and for the emotion hit, each with its interval; a share of a gap whose interval reaches 0 is noise.
 
-Latency on the papers' hardware (edge 2.10 and cloud 24.16 tokens/s, seed 000 Table 2: a 3B edge
-on 2 CPU cores, a 7B cloud on a GPU; the link of params.link): counted in model steps, not scaled
-from this machine's measured compute. The blocking loop's time is its edge forwards (the tokens
-it fed: drafts and the cloud tokens; a token gate's flagged draft that the cloud replaced is never
-fed, decoding.halves) / 2.10 + its cloud forwards (one per verification: a few tokens in one
-forward cost a GPU about one decoding step) / 24.16 + the link model's time; edge-only and
-cloud-only are their tokens at their rates (+ the link for cloud-only). Prefill is left out.
-Scaling the measured compute instead would multiply this machine's timing noise by ~300 for the
-edge: configurations that differ in measured compute only by what ran beside them would differ by seconds.
+Latency on the papers' hardware: speccap.pipeline.papers_hardware.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 from pathlib import Path
@@ -34,6 +27,7 @@ from ..decoding.gates import VERIFY
 from ..metrics.bootstrap import ClipStats, gap_closed, interval
 from .gates import BLOCK_SUFFIX, main_gate
 from .markdown import md_table
+from .papers_hardware import papers_parts, papers_seconds
 from .quality_table import error_bars, format_ci
 from .sweep import RunConfig
 from .verify_rank import default_rank, rule_fields
@@ -41,7 +35,6 @@ from .verify_rank import section as verify_rank_section
 
 OUT = Path("reports/gates")
 ORACLE = "oracle"
-PAPER_EDGE_OTPS, PAPER_CLOUD_OTPS = 2.10, 24.16  # seed 000, Table 2: Edge (3B), Cloud (7B)
 KEYS = (("bleu1", "BLEU-1"), ("emotion_hit_rate", "emotion hit"))
 
 
@@ -212,6 +205,7 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: li
         text.append("\n" + dagger_section(dagger))
     (out / "gates.md").write_text("\n".join(text) + "\n")
     _pareto_plot(result, out / "pareto.png")
+    _pareto_data(result, out)
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -260,26 +254,6 @@ def dagger_section(rounds: list[dict]) -> str:
             "target after).\n\n"
             + md_table(["round", "gate", "train / val clips", "val mismatch rate", "val critical rate",
                         "val tokens the gate corrected", "AUC critical", "AUC mismatch", "chosen after"], rows) + "\n")
-
-
-def papers_seconds(m: dict, method: str) -> float:
-    """Mean seconds per caption on the papers' hardware, counted in model steps (module docstring)."""
-    return sum(papers_parts(m, method).values())
-
-
-def papers_parts(m: dict, method: str) -> dict[str, float]:
-    """papers_seconds split into the edge's forwards, the cloud's and the link's time, so a time
-    ratio can say where it comes from (a longer caption costs edge steps, a round cloud and link)."""
-    if method == "edge":
-        return {"edge": (m["tokens"] + 1) / PAPER_EDGE_OTPS, "cloud": 0.0, "link": 0.0}  # + 1: the end token's step
-    if method == "cloud":
-        return {"edge": 0.0, "cloud": (m["tokens"] + 1) / PAPER_CLOUD_OTPS, "link": m.get("link_time", 0.0)}
-    if "edge_fed" in m:  # the tokens the edge really fed (a deferred token the cloud replaced is not)
-        edge_steps = m["edge_fed"] + 1
-    else:  # records from before the count: every draft fed, and every cloud token after it
-        edge_steps = m.get("drafted", 0.0) + m.get("corrected", 0.0) + m.get("bonus", 0.0)
-    return {"edge": edge_steps / PAPER_EDGE_OTPS, "cloud": m.get("rounds", 0.0) / PAPER_CLOUD_OTPS,
-            "link": m.get("link_time", 0.0)}
 
 
 def _x(v: float | None) -> str:
@@ -355,6 +329,31 @@ def _on_axis(series: dict[str, list[dict]]) -> tuple[dict, list[tuple[str, dict]
         far += [(name, e) for e in entries if name != ORACLE and e["rho"] > limit]
     shown = [e["rho"] for es in kept.values() for e in es]
     return kept, far, 1.1 * max(shown) if shown else 1.0
+
+
+def _pareto_data(result: dict, out: Path) -> None:
+    """dvc.yaml's plots of the gates: per language, pareto_<lang>.csv, one row per budget rho* and per
+    series (entropy per token, the chosen learned gate of each target, named by its target so
+    that experiments that chose another classifier still share a column) its BLEU-1, emotion hit
+    and the rho it reached."""
+    for lang, r in result["languages"].items():
+        series = {"entropy": r["gates"].get("entropy", [])}
+        series |= {f"learned_{n.rsplit('-', 1)[1]}": es for n, es in r["gates"].items()
+                   if n.startswith("tok-") and " (" not in n}
+        budgets = sorted({e["budget"] for es in series.values() for e in es if e.get("budget") is not None})
+        at = {s: {e.get("budget"): e for e in es} for s, es in series.items()}
+        columns = [f"{s}_{k}" for s in series for k in (*(k for k, _ in KEYS), "rho")]
+        with open(out / f"pareto_{lang}.csv", "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["budget", *columns])
+            for b in budgets:
+                w.writerow([b, *(_point(at[s].get(b), k) for s in series for k in (*(k for k, _ in KEYS), "rho"))])
+
+
+def _point(entry: dict | None, key: str):
+    if entry is None or key not in entry:
+        return ""
+    return entry[key]["value"] if isinstance(entry[key], dict) else entry[key]
 
 
 def _pareto_plot(result: dict, path: Path) -> None:

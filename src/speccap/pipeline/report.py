@@ -20,6 +20,8 @@ QUALITY = (("bleu1", "BLEU-1"), ("bleu4", "BLEU-4"), ("meteor", "METEOR"), ("rou
 EFFICIENCY = (("ttft", "TTFT s"), ("itps", "ITPS /s"), ("otps", "OTPS /s"), ("oet", "OET s"),
               ("total_time", "Total s"), ("cpu_percent", "CPU %"), ("ram_gb", "RAM GB"),
               ("gpu_percent", "GPU %"), ("gpu_memory_gb", "GPU mem GB"))
+# the columns of the plots' data files (reports/plots/*_<lang>.csv)
+PLOT_METRICS = ("bleu1", "emotion_hit_rate", "total_time", "rho")
 
 
 def _fmt(v, nd=2):
@@ -141,12 +143,10 @@ def _l_sweep_table(params: Params, ugsd: list[dict], out: Path) -> list[dict]:
     (out / "tables" / "l_sweep.md").write_text(
         f"# Draft length L (gate {d.gate} {d.threshold:g}, rule {d.rule})\n\n" + _clips_note(params)
         + _table(["lang", "L", "clips", "BLEU-1 [95% CI]", "METEOR", "ROUGE-L", "total s", "rho", "AAL", "rounds"], rows))
-    with open(out / "plots" / "l_sweep.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["language", "L", "bleu1", "total_time", "rho"])
-        for c in lsweep:
-            w.writerow([c["language"], c["block_len"] or "adaptive", c["metrics"]["bleu1"], c["metrics"]["total_time"],
-                        c["metrics"]["rho"]])
+    for lang in params.data.languages:  # dvc.yaml's plots: one file per language, the fixed L as x
+        fixed = [c for c in lsweep if c["language"] == lang and c["block_len"]]
+        _series(out / "plots" / f"l_sweep_{lang}.csv", ["L", *PLOT_METRICS],
+                [[c["block_len"], *(c["metrics"].get(k) for k in PLOT_METRICS)] for c in fixed])
     return lsweep
 
 
@@ -160,12 +160,20 @@ def _gates_table(params: Params, ok: list[dict], ugsd: list[dict], out: Path) ->
         f"# Gates at L = {d.block_len}\n\n" + _clips_note(params)
         + _table(["lang", "gate", "threshold", "clips", "BLEU-1 [95% CI]", "METEOR", "ROUGE-L", "emotion hit %", "rho",
                   "total s"], rows))
-    with open(out / "plots" / "quality_vs_rho.csv", "w", newline="") as fh:
+    for lang in params.data.languages:  # dvc.yaml's plots: every configuration a point, rho as x
+        points = sorted(([{"edge": 0.0, "cloud": 1.0}.get(c["method"], c["metrics"].get("rho", 0.0)), c["name"],
+                          *(c["metrics"].get(k) for k in PLOT_METRICS if k != "rho")]
+                         for c in ok if c["language"] == lang), key=lambda row: (row[0], row[1]))
+        _series(out / "plots" / f"quality_vs_rho_{lang}.csv",
+                ["rho", "config", *(k for k in PLOT_METRICS if k != "rho")], points)
+
+
+def _series(path: Path, header: list[str], rows: list[list]) -> None:
+    """A data file of dvc.yaml's plots (CSV: one x column, one column per y)."""
+    with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["language", "config", "rho", "bleu1", "total_time"])
-        for c in ok:
-            rho = {"edge": 0.0, "cloud": 1.0}.get(c["method"], c["metrics"].get("rho", 0.0))
-            w.writerow([c["language"], c["name"], rho, c["metrics"]["bleu1"], c["metrics"]["total_time"]])
+        w.writerow(header)
+        w.writerows(rows)
 
 
 def _qs_table(params: Params, sampled: list[dict], out: Path) -> None:

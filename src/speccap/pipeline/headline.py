@@ -1,0 +1,84 @@
+"""What an experiment is judged by, in one small file: reports/headline.json, the only file dvc.yaml
+declares as metrics, so `dvc metrics show`, `dvc metrics diff` and `dvc exp show` print it and
+nothing else (every other report is a plain output, intervals included).
+
+Per language, x100 point estimates: BLEU-1 and emotion hit of edge-only and cloud-only; of the
+default UGSD configuration (params `decode:`), with its rho, the share of each edge-to-cloud gap it
+closes (gap closed = (x - edge) / (cloud - edge), in %) and its modelled seconds per caption; and
+of the promoted gate at the promote budget, with its rho and both gaps closed. Its name and the
+intervals are in reports/gates/gates.md and reports/promotion.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HEADLINE = Path("reports/headline.json")
+QUALITY = {"bleu1": "bleu1", "emotion": "emotion_hit_rate"}  # headline name -> report key
+
+
+class HeadlineError(ValueError):
+    """A report the headline is made of lacks what it needs (names the file and the key)."""
+
+
+def _gap(x: float, edge: float, cloud: float) -> float | None:
+    return None if cloud == edge else round(100.0 * (x - edge) / (cloud - edge), 1)
+
+
+def _value(entry, where: str):
+    """A report's figure: a number, or an interval's point value."""
+    if isinstance(entry, dict):
+        entry = entry.get("value")
+    if not isinstance(entry, (int, float)):
+        raise HeadlineError(f"{where}: no number")
+    return float(entry)
+
+
+def _quality(row: dict, where: str) -> dict[str, float]:
+    missing = [k for k in QUALITY.values() if k not in row]
+    if missing:
+        raise HeadlineError(f"{where}: lacks {missing}")
+    return {name: round(_value(row[key], f"{where}.{key}"), 1) for name, key in QUALITY.items()}
+
+
+def headline(metrics: dict, gates: dict, promotion: dict, languages) -> dict:
+    """The headline from the report stage's metrics.json, gate_eval's gates.json and promote's
+    promotion.json (their contents); `languages`: the ones to show, in order."""
+    champion = (promotion.get("champion_after") or {}).get("tags", {}).get("gate")
+    budget = promotion.get("budget")
+    out = {}
+    for lang in languages:
+        per = metrics.get(lang) or {}
+        if not all(per.get(m) for m in ("edge", "cloud", "ugsd")):
+            raise HeadlineError(f"reports/metrics.json: {lang} lacks edge-only, cloud-only or the default UGSD "
+                                "(dvc repro report)")
+        edge, cloud, ugsd = (_quality(per[m], f"reports/metrics.json {lang}.{m}") for m in ("edge", "cloud", "ugsd"))
+        row = {"edge": edge, "cloud": cloud,
+               "ugsd": ugsd | {"rho": round(_value(per["ugsd"].get("rho"), f"{lang}.ugsd.rho"), 3)}
+               | {f"gap_{k}": _gap(ugsd[k], edge[k], cloud[k]) for k in QUALITY}
+               | {"seconds": round(_value(per["ugsd"].get("total_time"), f"{lang}.ugsd.total_time"), 3)}}
+        entries = gates.get("languages", {}).get(lang, {}).get("gates", {}).get(champion, [])
+        at = next((e for e in entries if e.get("budget") == budget), None)
+        if at is None:
+            raise HeadlineError(f"reports/gates/gates.json: no row of the promoted gate {champion!r} at budget "
+                                f"{budget} in {lang} (dvc repro gate_eval promote)")
+        gate = _quality(at, f"reports/gates/gates.json {lang}.{champion}")
+        row["gate"] = gate | {"rho": round(_value(at.get("rho"), f"{lang}.{champion}.rho"), 3)} \
+            | {f"gap_{k}": _gap(gate[k], edge[k], cloud[k]) for k in QUALITY}
+        out[lang] = row
+    return out
+
+
+def write_headline(languages, reports: Path = Path("reports"), out: Path = HEADLINE) -> dict:
+    """Read the three reports under `reports`, write the headline to `out`, return it."""
+    def load(rel: str, stage: str) -> dict:
+        path = reports / rel
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: not there (run the stage that writes it: dvc repro {stage})")
+        return json.loads(path.read_text())
+    result = headline(load("metrics.json", "report"), load("gates/gates.json", "gate_eval"),
+                      load("promotion.json", "promote"), languages)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
