@@ -22,7 +22,7 @@ fi
 if ! $PY -c 'import speccap, prefect, mlflow, dvc, nltk, rouge_score, espeakng_loader' 2>/dev/null \
    || [ pyproject.toml -nt .setup-done ]; then
   echo "setup: installing speccap and its pinned dependencies"
-  $PY -m pip install -q -e .
+  $PY -m pip install -q -e '.[dev]'
 fi
 
 WN=${NLTK_DATA:-$HOME/nltk_data}/corpora/wordnet
