@@ -6,8 +6,12 @@ AVX-512 CPU when OPENBLAS_CORETYPE is not set) and its Haswell kernel (what some
 workplace set) give different bits for np.convolve and np.dot, so the synthetic corpus (the
 breathiness envelope convolves) and the log-mel (the mel filterbank is a product) differed between
 two machines of one kind, and with them every model and report. torch and MKL choose likewise
-(ATEN_CPU_CAPABILITY, MKL_CBWR). The stages pin all three to the AVX2 level, which every x86-64
-machine the project runs on has: the results then depend on the inputs, not on the CPU.
+(ATEN_CPU_CAPABILITY, MKL_CBWR), and so do numpy's own loops (its AVX-512 exp and log, the log-mel's,
+where the CPU has them: NPY_DISABLE_CPU_FEATURES) and numba's compiled code (librosa's pitch
+tracker, the prosody features: NUMBA_CPU_NAME). Seen on an AVX2-only machine (AMD EPYC): the corpus
+the same bytes as a dvc.lock made on an AVX-512 machine before numpy and numba were pinned, the
+features not. The stages pin all five to the AVX2 level (x86-64-v3), which every x86-64 machine the
+project runs on has: the results then depend on the inputs, not on the CPU.
 
 The pins take effect only when set before numpy and torch load: a stage's process imports `flows`
 first, which calls `pin_kernels`. A process that loaded them already (a test importing a flow) keeps
@@ -20,7 +24,8 @@ import os
 import platform
 import sys
 
-PINS = {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+PINS = {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2",
+        "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR", "NUMBA_CPU_NAME": "haswell"}
 
 
 def pin_kernels() -> dict[str, str]:
