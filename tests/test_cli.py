@@ -101,3 +101,18 @@ def test_calibrate_prints_a_cost_model_params_accept_and_the_clock_uses(tiny_pro
     cost = build_decoder(spec).cost
     assert cost.coef == block["decode"]["cost"] and cost.seconds(Work("cloud", 4, 100)) >= 0
     assert set(block["decode"]["cost"]) == {"edge", "cloud"}
+
+
+def test_a_command_whose_role_is_not_installed_names_the_install(tmp_path, capsys, monkeypatch):
+    """On a device (speccap[edge]) the pipeline's scoring libraries are missing: `speccap score` says
+    which install it needs instead of a traceback."""
+    import sys
+    for name in [m for m in sys.modules if m == "nltk" or m.startswith("nltk.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "nltk", None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, "speccap.metrics.caption", raising=False)
+    (tmp_path / "m.jsonl").write_text("")
+    (tmp_path / "c.jsonl").write_text("")
+    assert main(["score", str(tmp_path / "m.jsonl"), str(tmp_path / "c.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "nltk" in err and "pip install 'speccap[pipeline]'" in err and "Traceback" not in err

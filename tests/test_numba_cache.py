@@ -29,6 +29,7 @@ def compiled(tmp_path_factory) -> Path:
     return cache
 
 
+@pytest.mark.e2e
 def test_the_cache_is_ours_and_never_site_packages(compiled):
     assert list(compiled.rglob("*.nbi")) and (compiled / "speccap-warm.json").exists()
     import librosa
@@ -40,6 +41,7 @@ def test_the_cache_is_ours_and_never_site_packages(compiled):
     assert out.stdout.strip() == "/somewhere/speccap/numba"
 
 
+@pytest.mark.e2e
 def test_a_stamped_cache_is_not_compiled_again(compiled, tmp_path):
     cache = tmp_path / "c"
     shutil.copytree(compiled, cache, copy_function=shutil.copy2)  # same sizes and times: the stamp holds
@@ -51,6 +53,7 @@ def test_a_stamped_cache_is_not_compiled_again(compiled, tmp_path):
     assert float(r.stdout) > 60
 
 
+@pytest.mark.e2e
 def test_a_truncated_cache_is_detected_cleared_and_rebuilt(compiled, tmp_path):
     cache = tmp_path / "c"
     shutil.copytree(compiled, cache)

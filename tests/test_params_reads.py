@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from speccap.params_reads import recorded
 from speccap.stage_params import READ_NOT_RESULTS, STAGE_PARAMS, uncovered, unread
 
@@ -28,6 +30,7 @@ SCRIPT = textwrap.dedent("""
     """)
 
 
+@pytest.mark.e2e
 def test_a_stage_records_the_keys_it_and_its_workers_read(tmp_path):
     (tmp_path / "s.py").write_text(SCRIPT)
     env = {"SPECCAP_RECORD_PARAMS": str(tmp_path / "rec"), "SPECCAP_STAGE": "decode", "PATH": "/usr/bin:/bin"}

@@ -30,6 +30,8 @@ from speccap.stage_params import STAGE_PARAMS, uncovered
 
 from .models.conftest import TINY
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[1]
 QWEN_IDS = SpecialIds(audio=151646, audio_start=151647, audio_end=151648, image=151655, video=151656,
                       vision_start=151652, vision_end=151653, pad=151643, eos=151645)

@@ -1,6 +1,8 @@
 import os
 from pathlib import Path
 
+import pytest
+
 from speccap.project import project_root
 from speccap.tracking import Tracker, resolve_uri
 
@@ -63,6 +65,7 @@ def _gate_file(tmp_path, threshold=0.5, name="gate.gate.json"):
                                                      "alone"))
 
 
+@pytest.mark.e2e
 def test_gate_registry_alias_and_mlflow_models_serve(tmp_path, monkeypatch):
     """A gate file logged as a pyfunc model and registered from the logged model; alias `champion`;
     loaded back as the same document; and served by `mlflow models serve` on loopback: post

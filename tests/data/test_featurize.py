@@ -32,7 +32,8 @@ def _project(tiny_project, root: Path, copies: int, workers: int = 2) -> Path:
     return root / "params.yaml"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGKILL])  # both signals: tests/test_fanout.py
 def test_a_killed_worker_stops_featurize_clearly_and_a_rerun_finishes(tiny_project, tmp_path, sig):
     pfile = _project(tiny_project, tmp_path, copies=60)
     n = 60 * 8
@@ -52,6 +53,7 @@ def test_a_killed_worker_stops_featurize_clearly_and_a_rerun_finishes(tiny_proje
     assert json.loads((tmp_path / "proc" / "featurize_report.json").read_text())["clips"] == n
 
 
+@pytest.mark.e2e
 def test_two_featurize_runs_at_once_from_a_cold_numba_cache(tiny_project, tmp_path):
     cache = tmp_path / "numba"  # empty: both runs would compile librosa's gufuncs at the same moment
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))

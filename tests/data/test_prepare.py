@@ -183,7 +183,8 @@ def test_features_are_byte_identical_across_runs(tmp_path):
     assert {f.name: f.read_bytes() for f in feat.iterdir()} == first
 
 
-@pytest.mark.parametrize("sig", [__import__("signal").SIGKILL, __import__("signal").SIGSEGV])
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [__import__("signal").SIGSEGV])  # both signals: tests/test_fanout.py
 def test_a_killed_worker_stops_prepare_clearly_and_a_rerun_finishes(tmp_path, sig):
     import signal
     import subprocess

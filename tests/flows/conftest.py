@@ -3,10 +3,10 @@ import pytest
 from .daemons import slurm_cluster
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(scope="session")
 def prefect_server():
-    """One temporary Prefect server (own SQLite) for the flow tests, stopped while pytest still
-    owns the log streams."""
+    """One temporary Prefect server (own SQLite) for the flow tests (each module uses it), stopped
+    while pytest still owns the log streams."""
     from prefect.testing.utilities import prefect_test_harness
     with prefect_test_harness(server_startup_timeout=120):
         yield

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import yaml
 
 from speccap.config import params_from_dict
@@ -23,6 +24,8 @@ def _records(runs):
     return {p.name: [json.loads(x)["caption"] for x in p.read_text().splitlines()] for p in runs.glob("*.jsonl")}
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("prefect_server")
 def test_dask_local_cluster_runs_the_sweep_as_the_local_executor_does(tiny_project, tmp_path, monkeypatch):
     from flows.decode import decode_flow
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -5,11 +5,14 @@ import json
 import shutil
 
 import pandas as pd
+import pytest
 
 from speccap.config import load_params
 from speccap.data.manifest import manifest_path, read_manifest, write_jsonl
 from speccap.pipeline.folds import folds_of, val_fold
 from speccap.pipeline.trace_refs import build_trace_refs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server")]
 
 
 def test_each_clip_is_evaluated_by_gates_that_never_saw_it(own_project, tmp_path):

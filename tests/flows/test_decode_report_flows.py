@@ -10,6 +10,8 @@ from speccap.tracking import Tracker
 
 from .views import check_view
 
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server")]
+
 
 def test_sweep_logs_a_run_per_config_survives_a_failure_and_resumes(tiny_project, tmp_path, monkeypatch):
     from flows.decode import decode_flow

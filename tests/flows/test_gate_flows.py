@@ -6,11 +6,14 @@ import io
 import json
 
 import pandas as pd
+import pytest
 
 from speccap.data.manifest import manifest_path, read_manifest
 from speccap.tracking import Tracker
 
 from .views import check_view
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server")]
 
 
 def test_gate_chain_end_to_end(own_project, tmp_path):

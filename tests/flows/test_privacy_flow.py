@@ -11,6 +11,8 @@ from speccap.tracking import Tracker
 
 from .views import check_view
 
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server")]
+
 
 def test_privacy_flow_reports_each_representation(own_project, tmp_path):
     _, raw, pfile = own_project("privacy-test", privacy={

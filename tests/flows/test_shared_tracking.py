@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
 from speccap.gating.features import token_columns
@@ -16,6 +17,8 @@ from speccap.tracking import Tracker
 from ..gating.test_token_gates import DIM
 from ..test_tracking import _gate_file
 from .daemons import mlflow_server, postgres, prefect_server, stop
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server")]
 
 ROOT = Path(__file__).resolve().parents[2]
 

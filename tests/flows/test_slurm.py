@@ -9,12 +9,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from speccap.tracking import Tracker
 
 from .daemons import stop
 from .test_cluster import _project, _records
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server")]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,6 +18,8 @@ from speccap.tracking import Tracker
 
 from .daemons import missing, mlflow_server, prefect_server, stop
 
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server")]
+
 ROOT = Path(__file__).resolve().parents[2]
 _ASSISTANT_CLOSE = "mlflow.assistant.chat_panel.close"
 

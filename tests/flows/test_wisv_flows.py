@@ -15,6 +15,8 @@ from speccap.tracking import Tracker
 
 from .views import check_view
 
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server")]
+
 
 def test_wisv_chain_end_to_end(own_project, tmp_path):
     from flows.wisv_eval import wisv_eval_flow

@@ -66,6 +66,7 @@ def test_roles_train_side_by_side_only_when_the_cores_hold_their_threads(tiny_pr
     assert side_by_side(at(2), ["edge", "cloud"]) == 2
 
 
+@pytest.mark.e2e
 def test_two_trainings_with_the_same_seed_give_bit_identical_models(tiny_project, tmp_path, monkeypatch):
     """Each role trains in its own process with a fixed thread count: a second run from the same seed
     reproduces the first byte for byte, even when the roles take turns in one worker where the first
@@ -109,6 +110,7 @@ def test_training_examples_carry_every_auxiliary_label_of_a_synthetic_clip(tiny_
         assert e.cues is not None and e.cues == cue_vector(rec["cues"])
 
 
+@pytest.mark.e2e
 def test_a_cloud_trained_on_a_coarse_uplink_reads_what_the_edge_sends(tiny_project, tmp_path, capsys):
     """uplink params: the cloud trains on the pooled, normalised view, says so beside its weights,
     and every caption path gives it that view (the edge keeps reading its own log-mel)."""

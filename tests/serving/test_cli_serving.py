@@ -3,12 +3,15 @@
 import json
 import subprocess
 
+import pytest
+
 from speccap.cli import main
 from speccap.data.manifest import manifest_path, read_manifest
 
 from .conftest import TOKEN, free_port, wait_until_up
 
 
+@pytest.mark.e2e
 def test_serve_cloud_and_edge_commands(tiny_project, capsys, tmp_path, monkeypatch):
     params, _, params_file = tiny_project
     wav = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]["path"]
@@ -41,6 +44,7 @@ def test_serve_cloud_and_edge_commands(tiny_project, capsys, tmp_path, monkeypat
     assert "verifier for cloud:embedded" in out
 
 
+@pytest.mark.e2e
 def test_edge_with_the_wisv_rule_against_serve_cloud_with_a_head(tiny_project, capsys, tmp_path):
     # the server loads the head (--wisv-head), the edge sends tau, the channel state and the states;
     # the caption is the in-process one (`speccap caption --rule wisv` with the same head)

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from speccap.decoding.engine import edge_only, speculative
 from speccap.decoding.gates import Gate
 from speccap.serving.edge import caption_remote
@@ -49,6 +51,7 @@ class KillAt(Gate):
         return True
 
 
+@pytest.mark.e2e
 def test_killed_server_mid_caption_then_restarted(pair, clips, client_for):
     edge, cloud = pair
     port = free_port()

@@ -1,5 +1,7 @@
-"""16 edge clients x 20 captions against one verifier on loopback: no errors, nothing lost, and
-every caption the one the in-process loop gives for its clip."""
+"""16 edge clients at once against one verifier on loopback: no errors, nothing lost, and every
+caption the one the in-process loop gives for its clip (benchmarks/serving.py measures 16 x 20)."""
+
+import pytest
 
 from speccap.config import LinkConfig
 from speccap.decoding.engine import speculative
@@ -8,24 +10,26 @@ from speccap.serving.load import run_load
 from .conftest import TOKEN, link, settings
 
 
-def test_sixteen_clients_twenty_captions_each(pair, clips, serve):
+@pytest.mark.e2e
+def test_sixteen_clients_at_once(pair, clips, serve):
     edge, cloud = pair
     srv = serve()
     jobs = [(mel, "en") for _, mel in clips]
     expected = [speculative(edge, cloud, mel, "en", settings(), link()).token_ids for mel, _ in jobs]
     summary, captions, errors = run_load(edge, srv.url, TOKEN, jobs, settings, LinkConfig(), clients=16,
-                                         per_client=20)
-    assert errors == [] and summary["lost"] == 0 and summary["captions"] == 320
+                                         per_client=4)
+    assert errors == [] and summary["lost"] == 0 and summary["captions"] == 64
     assert summary["fallback_blocks"] == 0
-    assert sorted((c.client, c.index) for c in captions) == [(c, i) for c in range(16) for i in range(20)]
+    assert sorted((c.client, c.index) for c in captions) == [(c, i) for c in range(16) for i in range(4)]
     assert all(c.token_ids == expected[c.job] for c in captions)
-    assert summary["verify_requests"] == sum(c.rounds for c in captions) > 320
+    assert summary["verify_requests"] == sum(c.rounds for c in captions) > 64
     assert 0 < summary["verify_p50_ms"] <= summary["verify_p99_ms"]
     health = srv.server.config.app.state.stats
     assert health["verified_rounds"] == summary["verify_requests"] and health["failed"] == 0
     assert len(srv.server.config.app.state.store) == 0  # every session closed
 
 
+@pytest.mark.e2e
 def test_a_batching_server_verifies_concurrent_sessions_together_with_the_same_captions(pair, clips, serve,
                                                                                         client_for):
     """`--batch`: the verify requests of concurrent sessions share forwards (gathered over a window),
