@@ -2,10 +2,11 @@
 on a committed baseline (.ci/run does), and prints what it checks.
 
 - `dvc metrics show`: the headline alone, under 5,000 characters;
-- `dvc exp show --only-changed`: the changed params beside the headline metrics that moved, at most
-  40 columns in Markdown, and in a 200-column terminal no column collapsed to an ellipsis. (Plain
-  `dvc exp show` lists every key of params.yaml, 231 of them: DVC always shows the default params
-  file whole, which no setting of this project can change.)
+- `dvc exp show --only-changed`: the changed params beside the headline metrics that moved (and
+  the changed dependencies' hashes), at most 40 columns in Markdown; in a 200-column terminal, with
+  the hashes dropped (`--drop '.*/'`: every column named by a path), no column collapsed to an
+  ellipsis. (Plain `dvc exp show` lists every key of params.yaml, 231 of them, and every code
+  dependency: DVC always shows the default params file whole, which no setting of a project changes.)
 - `dvc metrics diff`: a short table of what moved;
 - `dvc plots diff`: the data plots hold both revisions, each curve from its own run.
 """
@@ -43,8 +44,8 @@ def main() -> None:
     assert len(header) <= MAX_COLUMNS, len(header)
     assert "decode.block_len" in header, header
     assert {f"{lang}.ugsd.bleu1" for lang in ("en", "zh")} <= set(header), header
-    table = dvc("exp", "show", "--only-changed", "--no-pager", columns=TERMINAL)
-    print(f"dvc exp show --only-changed in a {TERMINAL}-column terminal:\n{table}")
+    table = dvc("exp", "show", "--only-changed", "--drop", ".*/", "--no-pager", columns=TERMINAL)
+    print(f"dvc exp show --only-changed --drop '.*/' in a {TERMINAL}-column terminal:\n{table}")
     widest = max(len(line) for line in table.splitlines())
     assert widest <= TERMINAL and "…" not in table, (widest, "a column collapsed" if "…" in table else "")
 
@@ -53,7 +54,7 @@ def main() -> None:
     rows = [line for line in diff.splitlines() if "headline.json" in line]
     assert 0 < len(rows) <= MAX_COLUMNS and any("ugsd" in line for line in rows), diff
 
-    plots = json.loads(dvc("plots", "diff", "--json"))
+    plots = json.loads(dvc("plots", "diff", "--json"))["data"]
     for plot in DATA_PLOTS:
         (entry,) = plots[plot]
         revs = entry.get("revisions", [])

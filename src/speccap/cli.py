@@ -219,10 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# the install a command needs beyond the core (pyproject's extras), named when a module of it is missing
+ROLE_OF = {"caption": "edge", "edge": "edge", "serve-cloud": "cloud"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except ModuleNotFoundError as exc:  # an install for another role (e.g. a device's: speccap[edge])
+        role = ROLE_OF.get(args.command, "pipeline")
+        print(f"speccap {args.command}: error: {exc} (this command needs pip install 'speccap[{role}]')",
+              file=sys.stderr)
+        return 2
     # AudioError, ModelLoadError; ConnectionError: the verifier could not be reached or refused (speccap edge)
     except (ConfigError, FileNotFoundError, ValueError, LookupError, ConnectionError) as exc:
         print(f"speccap {args.command}: error: {exc}", file=sys.stderr)
