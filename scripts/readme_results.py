@@ -4,7 +4,8 @@
     python scripts/readme_results.py --check    # exit 1 if the README's summary differs from its reports
 
 The README's summary (between `<!-- summary:begin -->` and `<!-- summary:end -->`) comes from
-reports/gates/gates.json, which git tracks, so the check runs on any clone (tests/test_readme.py).
+reports/gates/gates.json and reports/promotion.json (the gate that ships), which git tracks, so the
+check runs on any clone (tests/test_readme.py).
 docs/results.md's block (`<!-- results:begin -->` .. `<!-- results:end -->`) comes from
 reports/metrics.json and reports/decode_summary.json (the report and decode stages),
 models/train_report.json (train) and reports/pipeline.json (benchmarks/pipeline.py): written only
@@ -17,13 +18,12 @@ import json
 import sys
 from pathlib import Path
 
-from speccap.config import load_params
+from speccap.pipeline.markdown import md_table
 from speccap.pipeline.quality_table import METRICS, format_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 SUMMARY = ("<!-- summary:begin -->", "<!-- summary:end -->")
-SUMMARY_BUDGET = 0.1  # the budget rho* the README's table shows (the gates issue's)
 LABELS = {"edge": "edge-only", "ugsd": "UGSD default", "cloud": "cloud-only"}
 KEYS = METRICS
 # the testbed issue's targets: cloud - edge on BLEU-1 and emotion hit, the cloud's emotion hit
@@ -64,18 +64,19 @@ def render() -> str:
                        + ("" if g["significant_gap"] else " (not meaningful: the gap is not significant)") + ".\n")
         if d:
             cloud_emo = ci["methods"]["cloud"].get("emotion_hit_rate", {}).get("value")
+            edge_wrong, cloud_wrong = wrong.get((lang, "edge")), wrong.get((lang, "cloud"))
             checks += [
-                f"{lang}: cloud − edge BLEU-1 {d['bleu1']['value']:+.1f} (target ≥ +{TARGETS['bleu1']:g}): "
-                + ("met" if d["bleu1"]["value"] >= TARGETS["bleu1"] else "NOT met"),
-                f"{lang}: cloud − edge emotion hit {d['emotion_hit_rate']['value']:+.1f} points (target ≥ "
-                f"+{TARGETS['emotion_hit_rate']:g}): "
-                + ("met" if d["emotion_hit_rate"]["value"] >= TARGETS["emotion_hit_rate"] else "NOT met"),
-                f"{lang}: cloud better on BLEU-1, METEOR and ROUGE-L with the CI of the difference above 0: "
-                + ("met" if all(d[k]["ci_low"] > 0 for k in ("bleu1", "meteor", "rouge_l")) else "NOT met"),
-                f"{lang}: cloud emotion hit {cloud_emo:.1f}% (target ≥ {TARGETS['cloud_emotion']:g}%): "
-                + ("met" if cloud_emo >= TARGETS["cloud_emotion"] else "NOT met"),
-                f"{lang}: wrong-language rate edge {wrong.get((lang, 'edge'))}%, cloud {wrong.get((lang, 'cloud'))}% "
-                "(target 0)"]
+                [f"{lang}: cloud − edge BLEU-1 ≥ +{TARGETS['bleu1']:g}", f"{d['bleu1']['value']:+.1f}",
+                 _met(d["bleu1"]["value"] >= TARGETS["bleu1"])],
+                [f"{lang}: cloud − edge emotion hit ≥ +{TARGETS['emotion_hit_rate']:g} points",
+                 f"{d['emotion_hit_rate']['value']:+.1f}", _met(d["emotion_hit_rate"]["value"] >= TARGETS["emotion_hit_rate"])],
+                [f"{lang}: cloud better on BLEU-1, METEOR and ROUGE-L (CI of the difference above 0)",
+                 ", ".join(f"{d[k]['ci_low']:+.1f}" for k in ("bleu1", "meteor", "rouge_l")) + " (lower bounds)",
+                 _met(all(d[k]["ci_low"] > 0 for k in ("bleu1", "meteor", "rouge_l")))],
+                [f"{lang}: cloud emotion hit ≥ {TARGETS['cloud_emotion']:g}%", f"{cloud_emo:.1f}%",
+                 _met(cloud_emo >= TARGETS["cloud_emotion"])],
+                [f"{lang}: wrong-language rate 0", f"edge {edge_wrong}%, cloud {cloud_wrong}%",
+                 _met(edge_wrong == 0 and cloud_wrong == 0)]]
     if train:
         secs = {r: train[r]["train_seconds"] for r in ("edge", "cloud") if "train_seconds" in train.get(r, {})}
         if secs:
@@ -83,43 +84,67 @@ def render() -> str:
             wall = sum(secs.values()) if turns else max(secs.values())
             threads = "/".join(str(train[r].get("threads", "?")) for r in ("edge", "cloud") if r in train)
             how = "one after the other" if turns else "side by side"
-            checks.append(f"training ({how}, {threads} threads): edge {secs.get('edge', 0) / 60:.1f} min, "
-                          f"cloud {secs.get('cloud', 0) / 60:.1f} min, {wall / 60:.1f} min in all "
-                          f"(target ≤ {TARGETS['train_s'] / 60:g} min): "
-                          + ("met" if wall <= TARGETS["train_s"] else "NOT met"))
+            checks.append([f"training ≤ {TARGETS['train_s'] / 60:g} min ({how}, {threads} threads)",
+                           f"edge {secs.get('edge', 0) / 60:.1f} + cloud {secs.get('cloud', 0) / 60:.1f}: "
+                           f"{wall / 60:.1f} min", _met(wall <= TARGETS["train_s"])])
     if bench:
-        checks.append(f"`dvc repro` from a clean clone (`reports/pipeline.md`, commit {bench.get('commit', '?')}): "
-                      f"{bench['dvc_repro_seconds'] / 60:.1f} min (target ≤ 30): "
-                      + ("met" if bench["dvc_repro_seconds"] <= TARGETS["repro_s"] else "NOT met")
-                      + f"; a no-op `dvc repro` {bench['noop_dvc_repro_seconds']:.1f} s")
-    out.append("\nThe testbed issue's targets, as measured:\n\n" + "\n".join(f"- {c}" for c in checks) + "\n")
+        checks.append([f"`dvc repro` from a clean clone ≤ {TARGETS['repro_s'] / 60:g} min (`reports/pipeline.md`, "
+                       f"commit {bench.get('commit', '?')})", f"{bench['dvc_repro_seconds'] / 60:.1f} min (no-op "
+                       f"{bench['noop_dvc_repro_seconds']:.1f} s)", _met(bench["dvc_repro_seconds"] <= TARGETS["repro_s"])])
+    out.append("\nThe testbed issue's targets, as measured:\n\n" + md_table(["target", "measured", ""], checks) + "\n")
     gates = _load("reports/gates/gates.json")
     if gates and gates.get("languages"):
-        lines = [f"{lang}: {line}" for lang, r in gates["languages"].items() for line in r["targets"]["lines"]]
-        clips = sorted({e["clips"] for r in gates["languages"].values() for v in r["gates"].values() for e in v})
-        main = load_params().gates.targets[0]  # the target whose chosen gate runs on every test clip
-        where = (f"every gate on all {clips[-1]} test clips" if len(clips) == 1 else
-                 f"the {main}-target gates on all {clips[-1]} test clips, the other targets' on the first {clips[0]}")
-        out.append(f"\nToken gates at budgets rho* <= 0.1 (`reports/gates/gates.md`, 95% CIs; {where}; the "
-                   "gates issue's targets: >= 80% of both gaps, CI lower bound above entropy's point estimates, "
-                   "<= 1.05x edge-only time and <= 15% of cloud-only's cloud compute on the papers' hardware):\n\n"
-                   + "\n".join(f"- {x}" for x in lines) + "\n")
-        vr = gates.get("verify_rank")
-        if vr and vr.get("validation"):
-            parts = []
-            for lang, r in vr["chosen"].items():
-                d = vr["validation"][lang].get("1" if r == vr["default"] else str(r), {}).get("minus_default")
-                other = "" if d is None else (f" (R = {r if r != vr['default'] else 1} vs {vr['default']}: "
-                                              f"{d['value']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}])")
-                parts.append(f"{lang} R = {r}{other}")
-            out.append("\nFlagged tokens are judged by rank-R with R chosen per language on validation (mean of "
-                       "BLEU-1 and emotion hit, paired 95% CI): " + "; ".join(parts) + ".\n")
-        for r in gates.get("dagger", []):
-            b, a = r["val_auc_before"], r["val_auc_after"]
-            out.append(f"\nDAgger round {r['round']} (`reports/gates/gates.md`): {r['gate']} on the trajectories it "
-                       f"led to (validation) ranked critical mismatches with AUC {b['critical']:.3f}; trained again "
-                       f"on them, {r.get('chosen_after', 'the chosen gate')} {a['critical']:.3f}.\n")
+        out.append(_gate_tables(gates))
     return "".join(out)
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def _gate_tables(gates: dict) -> str:
+    """The token gates at every budget rho* <= 0.1 against the gates issue's targets (one table per
+    language), the R flagged tokens are judged by, and the DAgger rounds."""
+    clips = sorted({e["clips"] for r in gates["languages"].values() for v in r["gates"].values() for e in v})
+    out = [f"\nToken gates at budgets rho* <= 0.1 on {clips[-1]} test clips per language (`reports/gates/gates.md`; "
+           "gap closed in %, 95% CIs; entropy per token / per block and the oracle at about the same rho, point "
+           "estimates; the gates issue's targets: >= 80% of both gaps, CI lower bound above entropy's points, <= "
+           "1.05x edge-only time and <= 15% of cloud-only's cloud compute on the papers' hardware):\n"]
+    header = ["gate", "rho*", "rho", "BLEU-1 gap closed", "entropy", "oracle", "emotion gap closed", "entropy",
+              "oracle", ">= 80% of both", "CI above entropy", "x edge-only time", "x cloud compute"]
+    for lang, r in gates["languages"].items():
+        rows = []
+        for name, entries in r["targets"]["gates"].items():
+            for t in entries:
+                b, e = t["bleu1"], t["emotion_hit_rate"]
+                rows.append([f"`{name}`", f"{t['budget']:g}", f"{t['rho']:.3f}", format_ci(b["share"]),
+                             _pair(b["entropy_point"]), f"{b['oracle']:.0f}", format_ci(e["share"]),
+                             _pair(e["entropy_point"]), f"{e['oracle']:.0f}", _met(t["closes_80"]),
+                             _met(b["ci_low_above_entropy"] and e["ci_low_above_entropy"]),
+                             f"{t['papers_x_edge']:.2f}", f"{t['cloud_compute_vs_cloud_only']:.2f}"])
+        out.append(f"\n**{lang}**\n\n" + md_table(header, rows) + "\n")
+    vr = gates.get("verify_rank")
+    if vr and vr.get("validation"):
+        rows = []
+        for lang, r in vr["chosen"].items():
+            other = 1 if r == vr["default"] else r
+            d = vr["validation"][lang].get(str(other), {}).get("minus_default")
+            rows.append([lang, r, "–" if d is None else f"R = {other} vs {vr['default']}: {format_ci(d, True)}"])
+        out.append("\nThe R flagged tokens are judged by (rank-R), chosen per language on validation by the mean "
+                   "of BLEU-1 and emotion hit:\n\n" + md_table(["language", "R", "paired difference, 95% CI"], rows)
+                   + "\n")
+    rounds = gates.get("dagger", [])
+    if rounds:
+        rows = [[r["round"], f"`{r['gate']}`", f"{r['val_auc_before']['critical']:.3f}",
+                 f"{r.get('chosen_after', 'the chosen gate')}", f"{r['val_auc_after']['critical']:.3f}"] for r in rounds]
+        out.append("\nDAgger rounds: the gate on the trajectories it led to (validation), AUC on critical "
+                   "mismatches before and after training again on them:\n\n"
+                   + md_table(["round", "gate", "AUC before", "trained again", "AUC after"], rows) + "\n")
+    return "".join(out)
+
+
+def _pair(points: dict) -> str:
+    return f"{points.get('entropy', float('nan')):.0f} / {points.get('entropy-block', float('nan')):.0f}"
 
 
 def _cell(m: dict | None) -> str:
@@ -127,22 +152,22 @@ def _cell(m: dict | None) -> str:
 
 
 def render_summary() -> str:
-    """Per language: edge-only, the entropy gate (UGSD's uncertainty score, per token), the main
-    learned gate, the oracle and cloud-only, at the budget SUMMARY_BUDGET, from reports/gates/gates.json."""
-    gates = _load("reports/gates/gates.json")
-    if not gates or not gates.get("languages"):
-        raise SystemExit("reports/gates/gates.json not found: run `make repro` first")
-    main = load_params().gates.targets[0]
+    """Per language: edge-only, the entropy gate (UGSD's uncertainty score, per token), the learned
+    gate that ships (the promoted champion, reports/promotion.json), the oracle and cloud-only, at
+    the promote budget, from reports/gates/gates.json."""
+    gates, promotion = _load("reports/gates/gates.json"), _load("reports/promotion.json")
+    if not gates or not gates.get("languages") or not promotion:
+        raise SystemExit("reports/gates/gates.json or reports/promotion.json not found: run `make repro` first")
+    champion, budget = promotion["champion_after"]["tags"]["gate"], promotion["budget"]
     out = []
     for lang, r in gates["languages"].items():
-        named = {g: next((e for e in entries if e.get("budget") == SUMMARY_BUDGET), None)
+        named = {g: next((e for e in entries if e.get("budget") == budget), None)
                  for g, entries in r["gates"].items()}
-        learned = next((g for g in r["gates"] if g.startswith("tok-") and g.endswith(f"-{main}")), None)
         oracle = next((e for e in r["gates"].get("oracle", [])), None)
         rows = [("edge-only (the device alone)", r["edge"]), ("entropy gate, per token", named.get("entropy")),
-                (f"learned gate `{learned}`", named.get(learned)), ("oracle (every mismatch sent)", oracle),
-                ("cloud-only (the cloud captions alone)", r["cloud"])]
-        clips = (named.get(learned) or {}).get("clips", "?")
+                (f"learned gate `{champion}` (promoted: what ships)", named.get(champion)),
+                ("oracle (every mismatch sent)", oracle), ("cloud-only (the cloud captions alone)", r["cloud"])]
+        clips = (named.get(champion) or {}).get("clips", "?")
         lines = [f"**{lang}** ({clips} test clips)", "",
                  "| | tokens sent (rho) | BLEU-1 | emotion hit % | BLEU-1 gap closed % | emotion gap closed % |",
                  "|---|---|---|---|---|---|"]
@@ -153,7 +178,7 @@ def render_summary() -> str:
             lines.append(f"| {label} | {rho} | {_cell(e.get('bleu1'))} | {_cell(e.get('emotion_hit_rate'))} | "
                          f"{_cell(e.get('gap_closed_bleu1'))} | {_cell(e.get('gap_closed_emotion_hit_rate'))} |")
         out.append("\n".join(lines) + "\n")
-    return ("Gates at a budget of rho* = " + f"{SUMMARY_BUDGET:g}" + " (at most that share of tokens sent to the "
+    return ("Gates at a budget of rho* = " + f"{budget:g}" + " (at most that share of tokens sent to the "
             "cloud), on every test clip, 95% paired-bootstrap intervals (`reports/gates/gates.md`; written by "
             "`scripts/readme_results.py`):\n\n" + "\n".join(out))
 
