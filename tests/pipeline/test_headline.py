@@ -41,6 +41,20 @@ def test_the_headline_holds_each_method_and_the_promoted_gate_at_its_budget(tmp_
     assert list(out) == ["en", "zh"]
 
 
+def test_what_a_run_does_not_measure_is_left_out(tmp_path):
+    """MER2024 names no emotion per clip: no emotion hit, so no emotion figure and no emotion gap."""
+    metrics, gates, promotion = _reports(tmp_path)
+    for lang in metrics:
+        for m in metrics[lang].values():
+            m["emotion_hit_rate"] = None
+    for entries in gates["languages"]["en"]["gates"].values():
+        for e in entries:
+            e.pop("emotion_hit_rate", None)
+    en = headline(metrics, gates, promotion, ["en"])["en"]
+    assert en["edge"] == {"bleu1": 60.0} and set(en["ugsd"]) == {"bleu1", "rho", "gap_bleu1", "seconds"}
+    assert en["gate"] == {"bleu1": 75.0, "rho": 0.099, "gap_bleu1": 75.0}
+
+
 def test_a_missing_report_or_row_is_named(tmp_path):
     metrics, gates, promotion = _reports(tmp_path)
     with pytest.raises(HeadlineError, match="no row of the promoted gate 'tok-x' at budget 0.1 in en"):

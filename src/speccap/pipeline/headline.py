@@ -22,24 +22,28 @@ class HeadlineError(ValueError):
     """A report the headline is made of lacks what it needs (names the file and the key)."""
 
 
-def _gap(x: float, edge: float, cloud: float) -> float | None:
-    return None if cloud == edge else round(100.0 * (x - edge) / (cloud - edge), 1)
+def _gap(x: float | None, edge: float | None, cloud: float | None) -> float | None:
+    if None in (x, edge, cloud) or cloud == edge:
+        return None
+    return round(100.0 * (x - edge) / (cloud - edge), 1)
 
 
-def _value(entry, where: str):
-    """A report's figure: a number, or an interval's point value."""
+def _value(entry, digits: int) -> float | None:
+    """A report's figure, rounded: a number, or an interval's point value; None where the run does
+    not measure it (no emotion labels on MER2024: no emotion hit)."""
     if isinstance(entry, dict):
         entry = entry.get("value")
-    if not isinstance(entry, (int, float)):
-        raise HeadlineError(f"{where}: no number")
-    return float(entry)
+    return round(float(entry), digits) if isinstance(entry, (int, float)) else None
 
 
-def _quality(row: dict, where: str) -> dict[str, float]:
-    missing = [k for k in QUALITY.values() if k not in row]
-    if missing:
-        raise HeadlineError(f"{where}: lacks {missing}")
-    return {name: round(_value(row[key], f"{where}.{key}"), 1) for name, key in QUALITY.items()}
+def _figures(**values: float | None) -> dict[str, float]:
+    """Only what was measured: a metrics file holds numbers, and DVC shows a missing one as '-'."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _row(row: dict, edge: dict, cloud: dict, **extra: float | None) -> dict[str, float]:
+    q = {name: _value(row.get(key), 1) for name, key in QUALITY.items()}
+    return _figures(**q, **extra, **{f"gap_{k}": _gap(q[k], edge.get(k), cloud.get(k)) for k in QUALITY})
 
 
 def headline(metrics: dict, gates: dict, promotion: dict, languages) -> dict:
@@ -53,19 +57,16 @@ def headline(metrics: dict, gates: dict, promotion: dict, languages) -> dict:
         if not all(per.get(m) for m in ("edge", "cloud", "ugsd")):
             raise HeadlineError(f"reports/metrics.json: {lang} lacks edge-only, cloud-only or the default UGSD "
                                 "(dvc repro report)")
-        edge, cloud, ugsd = (_quality(per[m], f"reports/metrics.json {lang}.{m}") for m in ("edge", "cloud", "ugsd"))
-        row = {"edge": edge, "cloud": cloud,
-               "ugsd": ugsd | {"rho": round(_value(per["ugsd"].get("rho"), f"{lang}.ugsd.rho"), 3)}
-               | {f"gap_{k}": _gap(ugsd[k], edge[k], cloud[k]) for k in QUALITY}
-               | {"seconds": round(_value(per["ugsd"].get("total_time"), f"{lang}.ugsd.total_time"), 3)}}
+        edge, cloud = ({name: _value(per[m].get(key), 1) for name, key in QUALITY.items()} for m in ("edge", "cloud"))
+        ugsd = per["ugsd"]
+        row = {"edge": _figures(**edge), "cloud": _figures(**cloud),
+               "ugsd": _row(ugsd, edge, cloud, rho=_value(ugsd.get("rho"), 3), seconds=_value(ugsd.get("total_time"), 3))}
         entries = gates.get("languages", {}).get(lang, {}).get("gates", {}).get(champion, [])
         at = next((e for e in entries if e.get("budget") == budget), None)
         if at is None:
             raise HeadlineError(f"reports/gates/gates.json: no row of the promoted gate {champion!r} at budget "
                                 f"{budget} in {lang} (dvc repro gate_eval promote)")
-        gate = _quality(at, f"reports/gates/gates.json {lang}.{champion}")
-        row["gate"] = gate | {"rho": round(_value(at.get("rho"), f"{lang}.{champion}.rho"), 3)} \
-            | {f"gap_{k}": _gap(gate[k], edge[k], cloud[k]) for k in QUALITY}
+        row["gate"] = _row(at, edge, cloud, rho=_value(at.get("rho"), 3))
         out[lang] = row
     return out
 
