@@ -2,8 +2,8 @@
 on a committed baseline (.ci/run does), and prints what it checks.
 
 - `dvc metrics show`: the headline alone, under 5,000 characters;
-- `dvc exp show --only-changed`: the changed params beside the headline metrics that moved (and
-  the changed dependencies' hashes), at most 40 columns in Markdown; in a 200-column terminal, with
+- `dvc exp show --only-changed`: the changed params beside the headline metrics that moved (a
+  speculative run's figure among them, and the changed dependencies' hashes), at most 40 columns in Markdown; in a 200-column terminal, with
   the hashes dropped (`--drop '.*/'`: every column named by a path), no column collapsed to an
   ellipsis. (Plain `dvc exp show` lists every key of params.yaml, 231 of them, and every code
   dependency: DVC always shows the default params file whole, which no setting of a project changes.)
@@ -43,7 +43,8 @@ def main() -> None:
     print(f"dvc exp show --md --only-changed: {len(header)} columns: {header}")
     assert len(header) <= MAX_COLUMNS, len(header)
     assert "decode.block_len" in header, header
-    assert {f"{lang}.ugsd.bleu1" for lang in ("en", "zh")} <= set(header), header
+    # only what moved is shown: a draft length moves the speculative run's time, if not its words
+    assert any(".ugsd." in column for column in header), header
     table = dvc("exp", "show", "--only-changed", "--drop", ".*/", "--no-pager", columns=TERMINAL)
     print(f"dvc exp show --only-changed --drop '.*/' in a {TERMINAL}-column terminal:\n{table}")
     widest = max(len(line) for line in table.splitlines())

@@ -144,7 +144,7 @@ def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_pa
         _references_from_the_cloud(proj, env, mer, names)
     reads = tmp_path / "reads"  # every params key a stage reads on this path (speccap.params_reads)
     run = subprocess.run(["bash", "scripts/with_prefect.sh", "dvc", "repro"], cwd=proj,
-                         env=env | {"SPECCAP_RECORD_PARAMS": str(reads)}, capture_output=True, text=True, timeout=840)
+                         env=env | {"SPECCAP_RECORD_PARAMS": str(reads)}, capture_output=True, text=True, timeout=1800)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-6000:]
     assert "Traceback" not in log, log[-6000:]
