@@ -9,7 +9,8 @@ from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.stats import cloud_scalars
 from speccap.decoding.verify import Rank
-from speccap.gating.traces import NO_LINK, TraceSettings, finish, quality, trace_caption
+from speccap.gating.traces import NO_LINK, TraceSettings, quality, trace_caption
+from speccap.models.generate import continue_greedy
 
 REFS = ["the speaker sounds calm and steady", "a calm steady voice"]
 
@@ -42,8 +43,8 @@ def test_impact_is_the_quality_the_draft_token_costs(pair, audio):
     first = [r for r in rows if r["block"] == 0]
     j = next(r["i"] for r in first if r["first_reject"])
     prefix = [r["token"] for r in first[:j]]
-    keep = finish(cloud, audio[1], "en", prefix + [first[j]["token"]], 12)
-    fix = finish(cloud, audio[1], "en", prefix + [first[j]["cloud_argmax"]], 12)
+    keep = continue_greedy(cloud, audio[1], "en", prefix + [first[j]["token"]], 12)
+    fix = continue_greedy(cloud, audio[1], "en", prefix + [first[j]["cloud_argmax"]], 12)
     expected = quality(cloud.decode(fix), REFS, "en") - quality(cloud.decode(keep), REFS, "en")
     assert first[j]["impact"] == pytest.approx(expected)
     assert quality(REFS[0], REFS, "en") > quality("zzz", REFS, "en")

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
-from ..models.generate import pick
+from ..models.generate import autoregress, pick
 from . import packets
 from .cost import CostModel, Work
 from .gates import Gate
@@ -66,28 +66,24 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
         rec.prompt_tokens = session.prompt_len
         if link is not None:
             rec.cloud_tokens = session.prompt_len
-        ids: list[int] = []
-        logits = session.prefill_logits
-        while len(ids) < max_new_tokens:
-            tok = pick(logits, temperature, rng)
+
+        def seen(i, tok, _):
             if link is not None:  # each token streams down as it is made
-                charge(rec, clock, link, "down", "token", packets.verdict_packet(1, len(ids), 0, tok, bits),
-                        overlap=len(ids) > 0)
-            if not ids:
+                charge(rec, clock, link, "down", "token", packets.verdict_packet(1, i, 0, tok, bits), overlap=i > 0)
+            if i == 0:
                 rec.ttft = clock.virtual
-            if tok == lm.eos_token_id:
-                break
-            ids.append(tok)
-            if len(ids) == max_new_tokens:
-                break
+
+        def feed(tok):
             out, dt = clock.run(session.extend, [tok], scale=time_scale, work=Work(method, 1, session.length))
-            logits = out.logits[-1]
             if link is None:
                 rec.edge_compute += dt
                 rec.edge_fed += 1
             else:
                 rec.cloud_compute += dt
                 rec.cloud_tokens += 1
+            return out.logits[-1]
+        ids = autoregress(session.prefill_logits, feed, lm.eos_token_id, max_new_tokens,
+                          lambda logits: pick(logits, temperature, rng), seen)
     return finish(rec, lm, ids, clock, wall0, mon)
 
 

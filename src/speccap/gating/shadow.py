@@ -37,8 +37,9 @@ import numpy as np
 from ..decoding.stats import Block, audio_summary, cloud_scalars, token_stats
 from ..decoding.verify import cloud_rank
 from ..models.base import AudioLM
+from ..models.generate import autoregress, continue_greedy, greedy
 from .features import token_rows
-from .traces import finish, quality_parts
+from .traces import quality_parts
 
 
 @dataclass(frozen=True)
@@ -62,17 +63,19 @@ def edge_trajectory(edge: AudioLM, mel: np.ndarray, language: str, max_new_token
     in the loop."""
     block = Block(start=0, audio=audio_summary(mel), language=language)
     sess = edge.start(mel, language, hidden=True)
-    logits, state = sess.prefill_logits, sess.prefill_hidden
-    while len(block) < max_new_tokens:
-        tok = int(logits.argmax())
+    state = [sess.prefill_hidden]  # the state after what the cache holds
+
+    def seen(_, tok, logits):
         stats, _ = token_stats(logits, tok)
         block.tokens.append(tok)
         block.stats.append(stats)
-        block.context.append(state.half().float())
-        if tok == edge.eos_token_id:
-            break
+        block.context.append(state[0].half().float())
+
+    def feed(tok):
         out = sess.extend([tok], True)
-        logits, state = out.logits[-1], out.hidden[-1]
+        state[0] = out.hidden[-1]
+        return out.logits[-1]
+    autoregress(sess.prefill_logits, feed, edge.eos_token_id, max_new_tokens, greedy, seen)
     return block
 
 
@@ -149,12 +152,12 @@ def shadow_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str
         if rank > settings.rank:
             _wisv_inputs(labels[j], block, cloud_states, rows[j], kept[j], eos)
             prefix = path[:j]
-            fix = prefix if correction == eos else finish(edge, mel, language, prefix + [correction],
+            fix = prefix if correction == eos else continue_greedy(edge, mel, language, prefix + [correction],
                                                           settings.max_new_tokens)
             if j > last_departure:
                 keep = path  # the edge's own continuation from here is the caption itself
             else:
-                keep = prefix if tok == eos else finish(edge, mel, language, prefix + [tok], settings.max_new_tokens)
+                keep = prefix if tok == eos else continue_greedy(edge, mel, language, prefix + [tok], settings.max_new_tokens)
             fixes.append((j, fix, keep))
     if fixes:
         texts = list(dict.fromkeys(edge.decode(ids) for _, fix, keep in fixes for ids in (fix, keep)))

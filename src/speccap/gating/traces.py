@@ -25,6 +25,7 @@ from ..decoding.stats import cloud_scalars
 from ..decoding.verify import cloud_rank
 from ..metrics.caption import score_captions
 from ..models.base import AudioLM
+from ..models.generate import continue_greedy
 from .features import FEATURES, block_features
 
 NO_LINK = LinkConfig(name="none", uplink_mbps=1e6, downlink_mbps=1e6, rtt_ms=0.0, overhead_bytes=0)
@@ -53,20 +54,6 @@ def quality_parts(captions: list[str], references: list[str], language: str,
 def quality(caption: str, references: list[str], language: str) -> float:
     """Mean of sentence BLEU-1, METEOR and ROUGE-L (x100) of one caption."""
     return quality_parts([caption], references, language)[0][0]
-
-
-def finish(lm: AudioLM, mel: np.ndarray, language: str, prefix: list[int], max_new_tokens: int) -> list[int]:
-    """The caption `lm` writes greedily after `prefix` (prefix included)."""
-    sess = lm.start(lm.wire(mel), language)
-    ids = list(prefix)
-    logits = sess.extend(ids).logits[-1] if ids else sess.prefill_logits
-    while len(ids) < max_new_tokens:
-        tok = int(logits.argmax())
-        if tok == lm.eos_token_id:
-            break
-        ids.append(tok)
-        logits = sess.extend([tok]).logits[-1]
-    return ids
 
 
 def trace_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str, references: list[str],
@@ -108,9 +95,9 @@ def trace_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str,
             continue
         prefix = committed + block.tokens[:first_reject]
         draft = block.tokens[first_reject]
-        keep = [] if draft == edge.eos_token_id else finish(cloud, mel, language, prefix + [draft],
+        keep = [] if draft == edge.eos_token_id else continue_greedy(cloud, mel, language, prefix + [draft],
                                                             settings.max_new_tokens)
-        fix = [] if correction == cloud.eos_token_id else finish(cloud, mel, language, prefix + [correction],
+        fix = [] if correction == cloud.eos_token_id else continue_greedy(cloud, mel, language, prefix + [correction],
                                                                  settings.max_new_tokens)
         q_keep = quality(cloud.decode(keep or prefix), references, language)
         q_fix = quality(cloud.decode(fix or prefix), references, language)

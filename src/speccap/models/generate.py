@@ -1,8 +1,12 @@
-"""Plain autoregressive captioning on one model (edge-only or cloud-only), greedy or sampled."""
+"""Plain autoregressive captioning on one model, greedy or sampled: `autoregress` is the one token
+loop every single-model caption runs through (edge-only and cloud-only on the clock, `generate`,
+the traces' and shadow labels' continuations, the edge's trajectory); each caller brings what it
+feeds and books around it."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,23 +36,48 @@ def pick(logits: torch.Tensor, temperature: float, rng: np.random.Generator | No
     return int(rng.choice(len(p), p=p / p.sum()))
 
 
+def greedy(logits: torch.Tensor) -> int:
+    return int(logits.argmax())
+
+
+def autoregress(logits: torch.Tensor, feed: Callable[[int], torch.Tensor], eos: int, limit: int,
+                choose: Callable[[torch.Tensor], int] = greedy,
+                seen: Callable[[int, int, torch.Tensor], None] | None = None) -> list[int]:
+    """The tokens written after `logits` (the next-token logits of what the model has read), at most
+    `limit`: `choose(logits)` picks each; `seen(i, token, logits)` sees the i-th pick, the end token
+    included, before it is fed; `feed(token)` feeds it and returns the next logits. The end token is
+    neither kept nor fed, and neither is the limit's last token fed: nothing would read its logits."""
+    ids: list[int] = []
+    while len(ids) < limit:
+        tok = choose(logits)
+        if seen is not None:
+            seen(len(ids), tok, logits)
+        if tok == eos:
+            break
+        ids.append(tok)
+        if len(ids) == limit:
+            break
+        logits = feed(tok)
+    return ids
+
+
+def continue_greedy(lm: AudioLM, mel: np.ndarray, language: str, prefix: list[int], max_new_tokens: int) -> list[int]:
+    """The caption `lm` writes greedily after `prefix` (prefix included), `max_new_tokens` in all."""
+    sess = lm.start(lm.wire(mel), language)
+    logits = sess.extend(list(prefix)).logits[-1] if prefix else sess.prefill_logits
+    return list(prefix) + autoregress(logits, lambda tok: sess.extend([tok]).logits[-1], lm.eos_token_id,
+                                      max_new_tokens - len(prefix))
+
+
 def generate(lm: AudioLM, features: np.ndarray, language: str, max_new_tokens: int = 128,
              temperature: float = 0.0, seed: int = 0) -> Generation:
     rng = np.random.default_rng(seed) if temperature > 0 else None
     t0 = time.perf_counter()
     session = lm.start(lm.wire(features), language)
     t_prefill = time.perf_counter() - t0
-    ids: list[int] = []
     stamps: list[float] = []
-    logits = session.prefill_logits
-    while len(ids) < max_new_tokens:
-        tok = pick(logits, temperature, rng)
-        stamps.append(time.perf_counter() - t0)
-        if tok == lm.eos_token_id:
-            break
-        ids.append(tok)
-        if len(ids) == max_new_tokens:
-            break
-        logits = session.extend([tok]).logits[-1]
+    ids = autoregress(session.prefill_logits, lambda tok: session.extend([tok]).logits[-1], lm.eos_token_id,
+                      max_new_tokens, lambda logits: pick(logits, temperature, rng),
+                      lambda i, tok, logits: stamps.append(time.perf_counter() - t0))
     total = time.perf_counter() - t0
     return Generation(lm.decode(ids), ids, t_prefill, total - t_prefill, stamps)

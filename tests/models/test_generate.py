@@ -1,0 +1,41 @@
+"""The one token loop every single-model caption runs through."""
+
+import torch
+
+from speccap.models.generate import autoregress
+
+
+def _model(script: list[int], vocab: int = 8):
+    """A 'model' whose next token after i tokens is script[i]; records what it is fed."""
+    fed: list[int] = []
+
+    def logits(i: int) -> torch.Tensor:
+        row = torch.zeros(vocab)
+        row[script[i]] = 1.0
+        return row
+
+    def feed(tok: int) -> torch.Tensor:
+        fed.append(tok)
+        return logits(len(fed))
+    return logits(0), feed, fed
+
+
+def test_the_end_token_is_seen_but_neither_kept_nor_fed():
+    first, feed, fed = _model([3, 4, 7, 5])
+    seen = []
+    ids = autoregress(first, feed, eos=7, limit=10, seen=lambda i, tok, logits: seen.append((i, tok)))
+    assert ids == [3, 4] and fed == [3, 4] and seen == [(0, 3), (1, 4), (2, 7)]
+
+
+def test_the_limits_last_token_is_kept_but_not_fed():
+    first, feed, fed = _model([3, 4, 5, 6])
+    assert autoregress(first, feed, eos=7, limit=3) == [3, 4, 5] and fed == [3, 4]
+    first, feed, fed = _model([3])
+    assert autoregress(first, feed, eos=7, limit=0) == [] and fed == []
+
+
+def test_choose_picks_from_each_rows_logits():
+    first, feed, fed = _model([3, 4, 5, 7])
+    # the token after the argmax: the end token's row gives 0, so the limit ends the caption
+    ids = autoregress(first, feed, eos=7, limit=4, choose=lambda logits: (int(logits.argmax()) + 1) % 8)
+    assert ids == [4, 5, 6, 0] and fed == [4, 5, 6]
