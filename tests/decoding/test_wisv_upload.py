@@ -4,7 +4,7 @@ import pytest
 from speccap.config import LinkConfig
 from speccap.decoding import packets
 from speccap.decoding.link import Link
-from speccap.decoding.wisv_upload import choose, expected_seconds, full_hidden, selective_hidden
+from speccap.decoding.wisv_upload import MismatchRate, choose, expected_seconds, full_hidden, selective_hidden
 
 
 def test_hidden_and_mismatch_packets_roundtrip_with_exact_sizes():
@@ -50,3 +50,16 @@ def test_seconds_pays_one_propagation_per_direction_change():
     link = Link(LinkConfig(uplink_mbps=8.0, downlink_mbps=8.0, rtt_ms=40.0, overhead_bytes=0))
     ex = [("up", "a", b"x" * 1000), ("up", "b", b"x" * 1000), ("down", "c", b"x" * 1000)]
     assert seconds(ex, link) == pytest.approx(0.020 + 0.002 + 0.020 + 0.001)
+
+
+def test_the_mismatch_rate_is_what_the_answers_tell_the_edge():
+    rate = MismatchRate()
+    rate.learn(5, 5)  # all accepted: 5 examined, no mismatch known
+    rate.learn(5, 2)  # rejected at 2: 3 examined, one mismatch
+    rate.learn(5, 3, [0, 3, 4])  # selective: 0 let through, 3 rejected, 4 never examined
+    assert (rate.mismatches, rate.examined) == (0 + 1 + 2, 5 + 3 + 4)
+    assert rate.protocol("selective", Link(LinkConfig(rtt_ms=500.0)), 5, 2048, 17) == "selective"
+    # `auto` expects more mismatches at a higher rate: on a short RTT and a slow uplink the states of
+    # every token cost more than one more round trip for a few
+    near = Link(LinkConfig(rtt_ms=1.0, uplink_mbps=0.5))
+    assert MismatchRate().protocol("auto", near, 8, 2048, 17) == choose(near, 8, 2048, 0.8, 17)

@@ -23,7 +23,7 @@ from .record import CaptionRecord, Clock, charge
 from .stats import Block, token_stats
 from .verify import Rule
 from .wisv import csi_of
-from .wisv_upload import choose
+from .wisv_upload import MismatchRate
 
 
 @dataclass(frozen=True)
@@ -160,8 +160,7 @@ class CloudHalf:
         self.session = CloudSession(lm, self.features, language, s.rule, s.seed, s.cloud_cache)
         self.session.keep_hidden |= s.trace_hidden
         self.synced = 0  # committed caption tokens the cloud's cache holds
-        # WISV: the caption's mismatches / examined tokens so far (the `auto` protocol's estimate)
-        self.mismatches, self.examined = 0, 0
+        self.rate = MismatchRate()  # WISV's `auto` protocol chooses by it
 
     @property
     def sess(self):
@@ -190,7 +189,7 @@ class CloudHalf:
         if self.sess is None:
             charge(rec, clock, link, "up", "features", packets.features_packet(session_id, self.features,
                                                                                 self.language))
-        protocol = self._protocol(link, block, bits) if rule.needs_hidden else None
+        protocol = wisv_protocol(rule, self.rate, link, block, bits) if rule.needs_hidden else None
         up = verify_upload(rule, session_id, seq, sync, block, bits)
         if protocol == "full":  # every drafted token's hidden state rides with the ids
             up += hidden_upload(session_id, seq, block, range(len(block)))
@@ -204,8 +203,7 @@ class CloudHalf:
             rec.hidden_requests += 1
         rec.tolerated += verdict.tolerated  # WISV's head, or an oracle over its allowance
         if rule.needs_hidden:
-            self.mismatches += sum(r > 1 for r in verdict.ranks)
-            self.examined += len(verdict.ranks)
+            self.rate.learn(len(block), verdict.accepted, verdict.asked if protocol == "selective" else ())
         if self.s.observer is not None:
             self.s.observer(block, self.rows, verdict, committed, self.session.hidden)
         charge(rec, clock, link, "down", "verdict", packets.verdict_packet(session_id, seq, verdict.accepted,
@@ -213,19 +211,10 @@ class CloudHalf:
         self.synced = len(committed) + verdict.accepted
         return verdict
 
-
-    def _protocol(self, link: Link, block: Block, bits: int) -> str:
-        return wisv_protocol(self.s.rule, link, block, bits, self.mismatches, self.examined)
-
-
-def wisv_protocol(rule, link: Link, block: Block, bits: int, mismatches: int, examined: int) -> str:
-    """WISV's upload protocol for a round: the rule's, or with `auto` the one the link model says is
-    faster for the mismatches expected (the caption's running rate so far, prior 1 in 10)."""
-    if rule.protocol != "auto":
-        return rule.protocol
-    rate = (mismatches + 1) / (examined + 10)
+def wisv_protocol(rule, rate: MismatchRate, link: Link, block: Block, bits: int) -> str:
+    """WISV's upload protocol for this block (`rate`: the caption's, as the edge learned it)."""
     d = next((h.shape[-1] for h in block.hidden if h is not None), 0)
-    return choose(link, len(block), d, rate * len(block), bits)
+    return rate.protocol(rule.protocol, link, len(block), d, bits)
 
 
 def hidden_upload(session_id: int, seq: int, block: Block, positions) -> bytes:

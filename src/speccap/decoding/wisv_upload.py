@@ -8,7 +8,9 @@
 
 `choose` compares the two on the link model for the expected number of mismatches: on a long RTT
 the extra round trip dominates (the WISV paper switches to full-hidden above ~10 ms RTT); on a
-short RTT with a slow uplink and wide hidden states, selective wins.
+short RTT with a slow uplink and wide hidden states, selective wins. `auto` chooses per round with
+the caption's `MismatchRate`, learned from the answers alone, so in-process and over a socket it
+is the same number.
 """
 
 from __future__ import annotations
@@ -64,6 +66,30 @@ def expected_seconds(link: Link, n_draft: int, d_hidden: int, n_mismatch: float,
     full = t(full_hidden(1, 1, [], ids, h, bits))
     sel = t(selective_hidden(1, 1, [], ids, h, list(range(min(k, n_draft))), bits))
     return {"full": full, "selective": sel}
+
+
+class MismatchRate:
+    """A caption's mismatches / examined draft tokens as the edge learns them from each round's
+    answer, whatever carries it: the verdict says how many tokens were accepted (those and the
+    rejected one were examined) and whether one was rejected (a mismatch); a selective round's
+    MISMATCH names the positions the cloud asked about, the ones up to the verdict's were examined
+    mismatches. What the head let through in a full-hidden round stays with the cloud."""
+
+    def __init__(self):
+        self.mismatches, self.examined = 0, 0
+
+    def learn(self, n_draft: int, accepted: int, asked=()) -> None:
+        rejected = accepted < n_draft
+        self.examined += accepted + 1 if rejected else n_draft
+        self.mismatches += max(sum(i <= accepted for i in asked), int(rejected))
+
+    def protocol(self, rule_protocol: str, link: Link, n_draft: int, d_hidden: int, bits: int) -> str:
+        """The rule's protocol, or with `auto` the one the link model says is faster for the
+        mismatches expected at this rate (prior 1 in 10)."""
+        if rule_protocol != "auto":
+            return rule_protocol
+        rate = (self.mismatches + 1) / (self.examined + 10)
+        return choose(link, n_draft, d_hidden, rate * n_draft, bits)
 
 
 def choose(link: Link, n_draft: int, d_hidden: int, n_mismatch: float, bits: int) -> str:

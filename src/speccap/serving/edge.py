@@ -25,6 +25,7 @@ from ..decoding.record import CaptionRecord, Clock, account
 from ..decoding.stats import Block
 from ..decoding.verify import Verdict
 from ..decoding.wisv import csi_of
+from ..decoding.wisv_upload import MismatchRate
 from ..models.base import AudioLM
 from .client import CloudRefused, CloudUnavailable, VerifierClient
 
@@ -51,8 +52,7 @@ class RemoteCloud:
         self.failures = 0  # in a row
         self.down = False
         self.sess = None  # no local model session (keep_sessions)
-        # WISV: mismatches / examined tokens this caption, as far as the edge learns them (`auto`)
-        self.mismatches, self.examined = 0, 0
+        self.rate = MismatchRate()  # WISV's `auto` protocol chooses by it
         rec.network = new_network_stats()
 
     # ---- the exchange and its books ----
@@ -121,7 +121,7 @@ class RemoteCloud:
             packet += rule.q_payload(block.q) if rule.edge_distribution is not None else packets.q_payload(
                 block.q, self.q_dtype)
         if rule.needs_hidden:  # WISV: the channel state, and with the full protocol every draft state
-            protocol = wisv_protocol(rule, link, block, bits, self.mismatches, self.examined)
+            protocol = wisv_protocol(rule, self.rate, link, block, bits)
             csi = csi_of(link)
             packet += packets.csi_payload(csi.uplink_mbps, csi.downlink_mbps, csi.rtt_ms, csi.per)
             if protocol == "full":
@@ -131,7 +131,7 @@ class RemoteCloud:
         self._book(ex)
         self.rec.network["verify_rtts"].append(ex.seconds)
         self.seq += 1
-        asked = 0
+        asked: list[int] = []
         if rule.needs_hidden:
             ex, asked = self._wisv_answer(link, block, ex)
         try:
@@ -148,19 +148,18 @@ class RemoteCloud:
         # the ranks are not sent back; the record only needs how many positions were examined
         checked = accepted + 1 if accepted < len(block) else len(block)
         if rule.needs_hidden:
-            self.examined += checked
-            self.mismatches += max(asked, int(accepted < len(block)))
+            self.rate.learn(len(block), accepted, asked)
         return Verdict(accepted, token, accepted < len(block), [0] * checked)
 
     def _wisv_answer(self, link: Link, block: Block, ex):
         """A MISMATCH answer (selective protocol): send the states it names. Returns the exchange that
-        holds the VERDICT and how many positions the cloud asked about (0 when it asked nothing)."""
+        holds the VERDICT and the positions the cloud asked about (none when it asked nothing)."""
         try:
             kind, _, _ = packets.parse_header(ex.body)
         except packets.PacketError as exc:
             raise CloudUnavailable(f"unreadable answer: {exc}") from None
         if kind != packets.MISMATCH:
-            return ex, 0
+            return ex, []
         try:
             sid, seq, asked = packets.parse_mismatch(ex.body)
         except packets.PacketError as exc:
@@ -174,7 +173,7 @@ class RemoteCloud:
         answer = self.client.hidden(self.sid, packet)
         self._book(answer)
         self.rec.hidden_requests += 1
-        return answer, len(asked)
+        return answer, asked
 
     def _fail(self, reason: str) -> None:
         """The block stays on the edge; the session is given up (its cache may hold the block)."""
