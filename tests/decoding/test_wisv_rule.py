@@ -198,7 +198,9 @@ def test_full_hidden_sends_every_state_with_the_ids(pair, mel):
     assert not any(packets.parse_header(p)[0] in (packets.MISMATCH, packets.HIDDEN) for _, p in sent)
     for payload in verifies:
         _, _, _, draft = packets.parse_verify(payload)
-        _, _, pos, h = packets.parse_hidden(packets.verify_tail(payload))
+        # the channel state first (as the server reads it), then the states
+        _, rest = packets.parse_csi(packets.verify_tail(payload))
+        _, _, pos, h = packets.parse_hidden(rest)
         n = sum(t != pair[0].eos_token_id for t in draft)
         assert pos == list(range(n)) and h.shape == (n, D)  # every non-end draft token's state, float16
 
@@ -212,10 +214,10 @@ def test_selective_hidden_asks_for_the_mismatches_only(pair, mel):
     hidden = [packets.parse_hidden(p) for _, p in sent if packets.parse_header(p)[0] == packets.HIDDEN]
     assert mism == [a for a in asked if a] and rec.hidden_requests == len(mism) > 0
     assert [h[2] for h in hidden] == mism and all(h[3].shape == (len(m), D) for h, m in zip(hidden, mism))
-    # the VERIFY carries ids only, and the states follow their request
+    # the VERIFY carries the ids and the channel state only, and the states follow their request
     for _d, p in sent:
         if packets.parse_header(p)[0] == packets.VERIFY:
-            assert packets.verify_tail(p) == b""
+            assert packets.parse_csi(packets.verify_tail(p))[1] == b""
     for i, k in enumerate(kinds):
         if k == packets.HIDDEN:
             assert kinds[i - 1] == packets.MISMATCH and sent[i][0] == "up" and sent[i - 1][0] == "down"

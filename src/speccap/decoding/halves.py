@@ -190,12 +190,12 @@ class CloudHalf:
             charge(rec, clock, link, "up", "features", packets.features_packet(session_id, self.features,
                                                                                 self.language))
         protocol = wisv_protocol(rule, self.rate, link, block, bits) if rule.needs_hidden else None
-        up = verify_upload(rule, session_id, seq, sync, block, bits)
-        if protocol == "full":  # every drafted token's hidden state rides with the ids
-            up += hidden_upload(session_id, seq, block, range(len(block)))
+        csi = csi_of(link) if rule.needs_hidden else None
+        up = packets.verify_packet(session_id, seq, sync, block.tokens, bits) + round_payload(
+            rule, session_id, seq, block, protocol, csi)
         charge(rec, clock, link, "up", "verify", up)
         rec.synced += len(sync)
-        verdict, dt = self.verify(sync, committed, block, eos, csi_of(link) if rule.needs_hidden else None)
+        verdict, dt = self.verify(sync, committed, block, eos, csi)
         clock.virtual += dt
         if protocol == "selective" and verdict.asked:  # the cloud asks for the states at its mismatches
             charge(rec, clock, link, "down", "mismatch", packets.mismatch_packet(session_id, seq, verdict.asked))
@@ -224,9 +224,20 @@ def hidden_upload(session_id: int, seq: int, block: Block, positions) -> bytes:
     return packets.hidden_packet(session_id, seq, pos, h)
 
 
-def verify_upload(rule: Rule, session_id: int, seq: int, sync: list[int], block: Block, bits: int) -> bytes:
-    up = packets.verify_packet(session_id, seq, sync, block.tokens, bits)
-    return up + rule.q_payload(block.q) if rule.needs_q else up
+def round_payload(rule: Rule, session_id: int, seq: int, block: Block, protocol: str | None = None, csi=None,
+                  q_dtype: str = "float16") -> bytes:
+    """What rides after a round's header, the same in every loop and over every transport: the
+    draft distributions the rule reads (Q-S: its lattice; speculative sampling: dense rows in
+    `q_dtype`), and for WISV the channel state and, with the full protocol, every drafted token's
+    hidden state (the selective protocol sends those the cloud asks for later, `hidden_upload`)."""
+    out = b""
+    if rule.needs_q:
+        out += rule.q_payload(block.q) if rule.edge_distribution is not None else packets.q_payload(block.q, q_dtype)
+    if rule.needs_hidden:
+        out += packets.csi_payload(csi.uplink_mbps, csi.downlink_mbps, csi.rtt_ms, csi.per)
+        if protocol == "full":
+            out += hidden_upload(session_id, seq, block, range(len(block)))
+    return out
 
 
 def book_verdict(rec: CaptionRecord, verdict) -> None:

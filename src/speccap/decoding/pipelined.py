@@ -48,7 +48,7 @@ import numpy as np
 from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
 from . import packets
-from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, last_token
+from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, last_token, round_payload
 from .link import Link
 from .policies import LengthPolicy
 from .record import CaptionRecord, Clock, account, finish
@@ -210,9 +210,8 @@ class _Loop:
                                packets.features_packet(self.session_id, self.cl.features, self.language))
             self.up.send(t, seconds)  # the verify packet queues behind it
             self.features_sent = True
-        payload = packets.pipelined_packet(self.session_id, self.seq, self.epoch, sync, block.tokens, guess, self.bits)
-        if s.rule.needs_q:
-            payload += s.rule.q_payload(block.q)
+        payload = packets.pipelined_packet(self.session_id, self.seq, self.epoch, sync, block.tokens, guess,
+                                           self.bits) + round_payload(s.rule, self.session_id, self.seq, block)
         arrived = self.up.send(t, account(rec, self.link, "up", "verify", payload))
         rec.transmitted += len(block)
         rec.synced += len(sync)

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import packets
-
 
 @dataclass
 class Verdict:
@@ -51,10 +49,6 @@ class Rule(ABC):
         """The rule one caption's cloud session judges by: itself, unless it keeps count within a
         caption (Rank with a correction allowance), which starts every caption afresh."""
         return self
-
-    def q_payload(self, q: list[torch.Tensor]) -> bytes:
-        """The draft distributions as they travel after a VERIFY: dense float16 rows (the cost Q-S attacks)."""
-        return packets.q_payload(q, "float16")
 
     @abstractmethod
     def verify(self, draft: list[int], rows: torch.Tensor, q: list[torch.Tensor] | None, eos: int,

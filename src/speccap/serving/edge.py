@@ -19,7 +19,7 @@ import numpy as np
 from ..data.uplink import Uplink
 from ..decoding import packets
 from ..decoding.engine import blocking_loop
-from ..decoding.halves import SpecSettings, hidden_upload, wisv_protocol
+from ..decoding.halves import SpecSettings, hidden_upload, round_payload, wisv_protocol
 from ..decoding.link import Link
 from ..decoding.record import CaptionRecord, Clock, account
 from ..decoding.stats import Block
@@ -115,17 +115,10 @@ class RemoteCloud:
         if self.sid is None:
             self._open(link)
         sync = committed[self.synced:]
-        packet = packets.verify_packet(self.sid, self.seq + 1, sync, block.tokens, bits)
         rule = self.s.rule
-        if rule.needs_q:  # Q-S: its sparse lattice; speculative sampling: dense rows in the wire dtype
-            packet += rule.q_payload(block.q) if rule.edge_distribution is not None else packets.q_payload(
-                block.q, self.q_dtype)
-        if rule.needs_hidden:  # WISV: the channel state, and with the full protocol every draft state
-            protocol = wisv_protocol(rule, self.rate, link, block, bits)
-            csi = csi_of(link)
-            packet += packets.csi_payload(csi.uplink_mbps, csi.downlink_mbps, csi.rtt_ms, csi.per)
-            if protocol == "full":
-                packet += hidden_upload(self.sid, self.seq + 1, block, range(len(block)))
+        protocol = wisv_protocol(rule, self.rate, link, block, bits) if rule.needs_hidden else None
+        packet = packets.verify_packet(self.sid, self.seq + 1, sync, block.tokens, bits) + round_payload(
+            rule, self.sid, self.seq + 1, block, protocol, csi_of(link) if rule.needs_hidden else None, self.q_dtype)
         self._packet(link, "up", "verify", packet)
         ex = self.client.verify(self.sid, packet)
         self._book(ex)
