@@ -155,7 +155,7 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
             # roll back the edge past the rejected tokens, commit the cloud's token
             accepted = block.tokens[: verdict.accepted]
             committed.extend(t for t in accepted if t != eos)
-            book_verdict(rec, verdict)
+            book_verdict(rec, verdict, len(block))
             if verdict.token is None and accepted and accepted[-1] != eos:  # no bonus (an oracle at a budget)
                 ed.align(committed)
             elif verdict.token is None or verdict.token == eos or (accepted and accepted[-1] == eos):

@@ -21,7 +21,7 @@ from .link import Link
 from .policies import LengthPolicy
 from .record import CaptionRecord, Clock, charge
 from .stats import Block, token_stats
-from .verify import Rule
+from .verify import Rule, examined
 from .wisv import csi_of
 from .wisv_upload import MismatchRate
 
@@ -240,9 +240,9 @@ def round_payload(rule: Rule, session_id: int, seq: int, block: Block, protocol:
     return out
 
 
-def book_verdict(rec: CaptionRecord, verdict) -> None:
+def book_verdict(rec: CaptionRecord, verdict, n_draft: int) -> None:
     rec.accepted += verdict.accepted
-    book_positions(rec, verdict.accepted, len(verdict.ranks))
+    book_positions(rec, verdict.accepted, examined(verdict.accepted, n_draft))
     if verdict.token is not None:
         if verdict.corrected:
             rec.corrected += 1

@@ -243,7 +243,7 @@ class _Loop:
         rec, v = self.rec, p.verdict
         if not rec.ttft:
             rec.ttft = p.arrival
-        book_verdict(rec, v)
+        book_verdict(rec, v, len(p.block))
         self.latency[0] += p.arrival - p.sent
         self.latency[1] += 1
         self.holds[0] += p.holds

@@ -30,6 +30,12 @@ class Verdict:
     asked: list[int] = field(default_factory=list)
 
 
+def examined(accepted: int, n_draft: int) -> int:
+    """How many draft positions a verdict examined: the accepted ones and the rejected one, if any
+    (every rule stops at its rejection), which any transport's edge knows from the verdict alone."""
+    return accepted + 1 if accepted < n_draft else n_draft
+
+
 def cloud_rank(row: torch.Tensor, token: int) -> int:
     """1 + how many tokens the cloud scores strictly higher than `token`."""
     return int((row > row[token]).sum()) + 1

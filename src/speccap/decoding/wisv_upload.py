@@ -19,6 +19,7 @@ import numpy as np
 
 from . import packets
 from .link import Link
+from .verify import examined
 
 
 def full_hidden(session: int, seq: int, sync: list[int], draft: list[int], hidden: np.ndarray, bits: int) -> list:
@@ -79,9 +80,8 @@ class MismatchRate:
         self.mismatches, self.examined = 0, 0
 
     def learn(self, n_draft: int, accepted: int, asked=()) -> None:
-        rejected = accepted < n_draft
-        self.examined += accepted + 1 if rejected else n_draft
-        self.mismatches += max(sum(i <= accepted for i in asked), int(rejected))
+        self.examined += examined(accepted, n_draft)
+        self.mismatches += max(sum(i <= accepted for i in asked), int(accepted < n_draft))
 
     def protocol(self, rule_protocol: str, link: Link, n_draft: int, d_hidden: int, bits: int) -> str:
         """The rule's protocol, or with `auto` the one the link model says is faster for the

@@ -138,11 +138,9 @@ class RemoteCloud:
         self.rec.synced += len(sync)
         self.synced = len(committed) + accepted
         self.failures = 0
-        # the ranks are not sent back; the record only needs how many positions were examined
-        checked = accepted + 1 if accepted < len(block) else len(block)
         if rule.needs_hidden:
             self.rate.learn(len(block), accepted, asked)
-        return Verdict(accepted, token, accepted < len(block), [0] * checked)
+        return Verdict(accepted, token, accepted < len(block))  # the ranks stay with the cloud
 
     def _wisv_answer(self, link: Link, block: Block, ex):
         """A MISMATCH answer (selective protocol): send the states it names. Returns the exchange that
