@@ -180,7 +180,7 @@ def test_relinking_needs_the_source_records(tiny_project, tmp_path):
     assert list(relinked(cfg, [], tmp_path / "absent.jsonl", link, 0)) == []
 
 
-def _dies_on_one_clip(job):
+def _dies_on_one_clip(w, job):
     """caption_one, except that the worker given the clip named in $SPECCAP_TEST_DIE_ON dies."""
     import os
     import signal
@@ -188,7 +188,7 @@ def _dies_on_one_clip(job):
     from speccap.pipeline.workers import caption_one
     if job[1] == os.environ.get("SPECCAP_TEST_DIE_ON"):
         os.kill(os.getpid(), getattr(signal, os.environ["SPECCAP_TEST_SIGNAL"]))
-    return caption_one(job)
+    return caption_one(w, job)
 
 
 @pytest.mark.e2e
@@ -245,7 +245,7 @@ def test_a_batched_worker_writes_the_records_of_a_single_one(tiny_project, tmp_p
             records[batch, cfg.name] = [{k: v for k, v in r.items() if k not in
                                          ("wall_time", "model_time", "cpu_percent", "ram_gb")} for r in made]
         if batch > 1:  # the edge's forwards really were shared
-            assert any(p.asked > p.steps for p in workers._W["lockstep"][0].pools)
+            assert any(p.asked > p.steps for p in workers.stepped(batch)[0].pools)
     for (batch, name), recs in records.items():
         assert all("error" not in r for r in recs), recs
         if batch > 1:

@@ -52,19 +52,18 @@ def traces_key(params: Params, settings=None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def shadow_one(job: tuple) -> dict:
-    """One clip's on-policy trace in a worker (models from workers.worker()), along the edge's own caption."""
+def shadow_one(w: workers.Worker, job: tuple) -> dict:
+    """One clip's on-policy trace with `w`'s models, along the edge's own caption."""
     from ..gating.shadow import ShadowSettings
-    return _shadow_record(job, ShadowSettings(**job[5]), lambda mel, language: None)
+    return _shadow_record(w, job, ShadowSettings(**job[5]), lambda mel, language: None)
 
 
-def _shadow_record(job: tuple, settings, committed_of) -> dict:
+def _shadow_record(w: workers.Worker, job: tuple, settings, committed_of) -> dict:
     """A shadow trace's record in a worker, along `committed_of(mel, language)` (None: the edge's own
     caption); errors come back as a record, for the stage to decide what a failed clip means."""
     from ..data.featurize import load_clip_features
     from ..gating.shadow import shadow_caption
     clip_id, split, language, references, key, _, emotion = job
-    w = workers.worker()
     try:
         mel, _ = load_clip_features(w.params.data.processed_dir, clip_id)
         x, labels, caption = shadow_caption(w.edge, w.cloud, mel, language, references,
@@ -90,18 +89,17 @@ class DaggerSettings:
     gate_sha: str
 
 
-def dagger_one(job: tuple) -> dict:
-    """One clip in a worker: the token-gated loop's caption under the round's gate, then its shadow
-    trace along that caption (gating.shadow, `committed`)."""
+def dagger_one(w: workers.Worker, job: tuple) -> dict:
+    """One clip with `w`'s models: the token-gated loop's caption under the round's gate, then its
+    shadow trace along that caption (gating.shadow, `committed`)."""
     from ..gating.shadow import ShadowSettings
-    w = workers.worker()
     d = DaggerSettings(**job[5])
     spec = DecodeSpec.from_params(w.params, gate_decode(w.params), gate=d.gate, threshold=d.threshold, token=d.verify)
 
     def committed(mel, language):
         settings = build_decoder(spec, learned=workers.learned_gates(w.params, w.cache))
         return speculative(w.edge, w.cloud, mel, language, settings, Link(w.params.link, seed=w.params.seed)).token_ids
-    return _shadow_record(job, ShadowSettings(d.rank, d.critical_margin, d.max_new_tokens), committed)
+    return _shadow_record(w, job, ShadowSettings(d.rank, d.critical_margin, d.max_new_tokens), committed)
 
 
 def _frame(rec: dict) -> pd.DataFrame:
@@ -127,13 +125,12 @@ def features_of(df: pd.DataFrame) -> np.ndarray:
     return df[[f"x{k}" for k in range(n)]].to_numpy(np.float32)
 
 
-def trace_one(job: tuple) -> dict:
-    """Trace one clip in a worker (models from workers.worker()) under the TraceSettings given as a dict;
-    errors come back as a record."""
+def trace_one(w: workers.Worker, job: tuple) -> dict:
+    """Trace one clip with `w`'s models under the TraceSettings given as a dict; errors come back as
+    a record."""
     from ..data.featurize import load_clip_features
     from ..gating.traces import TraceSettings, trace_caption
     clip_id, split, language, references, key, settings, _ = job
-    w = workers.worker()
     try:
         mel, _ = load_clip_features(w.params.data.processed_dir, clip_id)
         rows, caption = trace_caption(w.edge, w.cloud, mel, language, references, TraceSettings(**settings))

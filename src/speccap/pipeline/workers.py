@@ -1,17 +1,18 @@
 """Worker processes that hold the models, and the job they run most: one caption of one sweep
 configuration. Each process loads the edge and cloud once (the pool's initializer, or
 `ensure_models` on a Dask worker) and keeps a cache of the learned deciders its decoders load.
-The trace jobs (pipeline.traces) read the same models through `worker()`.
 
-With `batch` > 1 a worker takes jobs in chunks and runs a chunk's jobs together through the
-batching executor (decoding.lockstep): while the chunk runs, the models every job function reads
-are the executor's stepped ones, so each job function decodes batched without knowing it."""
+A job function takes the models as its first argument, a `Worker`, and one job: `fn(worker, job)`
+(caption_one here, the trace jobs in pipeline.traces). With `batch` > 1 a worker takes jobs in
+chunks and runs a chunk's jobs together through the batching executor (decoding.lockstep): the
+`Worker` they are given then holds the executor's stepped models, so each job function decodes
+batched without knowing it."""
 
 from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
 
@@ -27,7 +28,9 @@ from ..fanout import WorkerPool
 from .saved import cached_head, load_gate
 from .sweep import RunConfig, link_config, models_fingerprint, relinkable
 
-_W: dict = {}
+# what this process loaded (the initializer's or ensure_models' Worker, with its key and count)
+# and the batching executors made over it; set when loading, never swapped for a job
+_PROCESS: dict = {}
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,19 @@ class Worker:
 
 def worker() -> Worker:
     """This worker process's models (loaded by the pool's initializer or `ensure_models`)."""
-    return Worker(_W["params"], _W["edge"], _W["cloud"], _W.setdefault("cache", {}))
+    if "worker" not in _PROCESS:
+        raise RuntimeError("no models loaded in this process (a Pool's initializer or ensure_models loads them)")
+    return _PROCESS["worker"]
+
+
+def stepped(batch: int) -> tuple[Lockstep, Worker]:
+    """A batching executor of `batch` rows and this process's models behind it (made once per size)."""
+    w = worker()
+    key = (batch, id(w.edge), id(w.cloud))
+    if key not in _PROCESS.setdefault("stepped", {}):
+        ex = Lockstep(batch)
+        _PROCESS["stepped"][key] = ex, replace(w, edge=ex.wrap(w.edge), cloud=ex.wrap(w.cloud))
+    return _PROCESS["stepped"][key]
 
 
 def _init_worker(params_path: str | None, threads: int) -> None:
@@ -54,7 +69,7 @@ def _init_worker(params_path: str | None, threads: int) -> None:
     params = load_params(params_path)
     edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
     shared_vocab(edge, cloud)
-    _W.update(params=params, edge=edge, cloud=cloud)
+    _PROCESS.update(worker=Worker(params, edge, cloud, {}), stepped={})
 
 
 def decode_spec(cfg: RunConfig, params: Params) -> DecodeSpec:
@@ -78,27 +93,26 @@ def learned_gates(params: Params, cache: dict):
                                   fold=spec.fold)
 
 
-def caption_one(job: tuple[dict, str]) -> dict:
-    """Caption one clip under one configuration (in a worker); errors become records, not crashes."""
+def caption_one(w: Worker, job: tuple[dict, str]) -> dict:
+    """Caption one clip under one configuration with `w`'s models; errors become records, not crashes."""
     cfg_d, clip_id = job
     cfg = RunConfig(**cfg_d)
-    params: Params = _W["params"]
+    params = w.params
     try:
         mel, _ = load_clip_features(params.data.processed_dir, clip_id)
         max_new = params.models.max_new_tokens
         link = Link(link_config(params, cfg), seed=params.seed)
         if cfg.method == "edge":
-            rec = edge_only(_W["edge"], mel, cfg.language, max_new, params.decode.temperature, params.seed,
+            rec = edge_only(w.edge, mel, cfg.language, max_new, params.decode.temperature, params.seed,
                             params.decode.edge_time_scale, CostModel.from_params(params.decode.cost))
         elif cfg.method == "cloud":
-            rec = cloud_only(_W["cloud"], mel, cfg.language, link, max_new, params.decode.temperature, params.seed,
+            rec = cloud_only(w.cloud, mel, cfg.language, link, max_new, params.decode.temperature, params.seed,
                              params.decode.cloud_time_scale, CostModel.from_params(params.decode.cost))
         else:
-            w = worker()
             settings = build_decoder(decode_spec(cfg, params), learned=learned_gates(params, w.cache),
                                      head=cached_head(params, w.cache) if cfg.rule == "wisv" else None, link=link,
                                      vocab=w.edge.vocab_size)
-            rec = speculative(_W["edge"], _W["cloud"], mel, cfg.language, settings, link)
+            rec = speculative(w.edge, w.cloud, mel, cfg.language, settings, link)
             if relinkable(cfg):
                 return {"id": clip_id, "caption": rec.caption, **rec.metrics(), "link_log": link_log(rec.packets)}
         return {"id": clip_id, "caption": rec.caption, **rec.metrics()}
@@ -111,27 +125,22 @@ def ensure_models(params_path: str | None, threads: int) -> int:
     runs many configurations and keeps its models between them (reloaded when the params file or
     the weights change). Returns how often this process has loaded models."""
     key = (str(params_path), models_fingerprint(load_params(params_path)), threads)
-    if _W.get("key") != key:
+    if _PROCESS.get("key") != key:
         _init_worker(params_path, threads)
-        _W["key"] = key
-        _W["loads"] = _W.get("loads", 0) + 1
-    return _W["loads"]
+        _PROCESS.update(key=key, loads=_PROCESS.get("loads", 0) + 1)
+    return _PROCESS["loads"]
+
+
+def run_one(fn: Callable, job) -> dict:
+    """fn(worker, job) with this process's models."""
+    return fn(worker(), job)
 
 
 def run_chunk(fn: Callable, batch: int, chunk: list) -> list:
-    """fn(job) for every job of `chunk` (at most `batch`), all at once through this process's
-    batching executor (made at the first chunk); returns the results as the jobs end."""
-    key = (batch, id(_W["edge"]), id(_W["cloud"]))
-    if _W.get("lockstep_key") != key:
-        ex = Lockstep(batch)
-        _W.update(lockstep=(ex, ex.wrap(_W["edge"]), ex.wrap(_W["cloud"])), lockstep_key=key)
-    ex, edge, cloud = _W["lockstep"]
-    plain = _W["edge"], _W["cloud"]
-    _W["edge"], _W["cloud"] = edge, cloud
-    try:
-        return list(ex.map(fn, chunk))
-    finally:
-        _W["edge"], _W["cloud"] = plain
+    """fn(worker, job) for every job of `chunk` (at most `batch`), all at once through this process's
+    batching executor; returns the results as the jobs end."""
+    ex, w = stepped(batch)
+    return list(ex.map(partial(fn, w), chunk))
 
 
 def chunked(jobs: Iterable, size: int) -> Iterator[list]:
@@ -155,7 +164,7 @@ class Loaded:
 
     def imap(self, jobs):
         if self.batch <= 1:
-            return map(self.fn, jobs)
+            return map(partial(run_one, self.fn), jobs)
         return (out for chunk in chunked(jobs, self.batch) for out in run_chunk(self.fn, self.batch, chunk))
 
     def close(self):
@@ -172,7 +181,7 @@ def job_name(job: tuple) -> str:
 
 class Pool:
     """Worker processes holding the models; `workers=0` runs in this process (tests, debugging).
-    `fn` is the job function (module-level, takes one job, reads the models from `_W`); with
+    `fn` is the job function (module-level, `fn(worker, job)`); with
     `batch` > 1 each worker runs `batch` jobs at once (run_chunk). A worker that dies raises
     `WorkerDied` from `imap` (speccap.fanout): the records written so far stay."""
 
@@ -180,7 +189,7 @@ class Pool:
                  batch: int = 1):
         self.workers, self.batch = workers, batch
         self.fn = fn or caption_one
-        job = self.fn if batch <= 1 else partial(run_chunk, self.fn, batch)
+        job = partial(run_one, self.fn) if batch <= 1 else partial(run_chunk, self.fn, batch)
         self.pool = WorkerPool(job, workers, stage=stage, initializer=_init_worker, initargs=(params_path, threads))
 
     def imap(self, jobs):
