@@ -9,9 +9,9 @@ import pytest
 from speccap.config import LinkConfig
 from speccap.decoding.cost import CostModel, Work, calibrate
 from speccap.decoding.engine import cloud_only, edge_only, speculative
+from speccap.decoding.ledger import Clock
 from speccap.decoding.link import Link
 from speccap.decoding.policies import UGSDAdaptive
-from speccap.decoding.record import Clock
 
 from .test_engine import MAX, _spec
 

@@ -14,8 +14,6 @@ a virtual clock adds the two, so a sweep is fast and repeatable. The speculative
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ..metrics.system import ResourceMonitor
@@ -24,12 +22,12 @@ from ..models.generate import autoregress, pick
 from . import packets
 from .cost import CostModel, Work
 from .gates import Gate
-from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, last_token
+from .halves import CloudHalf, EdgeHalf, SpecSettings, last_token
+from .ledger import CaptionRecord, Ledger
 from .link import Link
-from .record import CaptionRecord, Clock, charge, finish
 from .stats import Block, audio_summary
 
-# the loops, and the record and settings callers build them with (both live in record / halves)
+# the loops, and the record and settings callers build them with (both live in ledger / halves)
 __all__ = ["CaptionRecord", "SpecSettings", "edge_only", "cloud_only", "speculative", "blocking_loop"]
 
 
@@ -50,41 +48,28 @@ def cloud_only(cloud: AudioLM, features: np.ndarray, language: str, link: Link, 
 def _local(lm, features, language, max_new_tokens, temperature, seed, method, link: Link | None,
            time_scale: float = 1.0, cost: CostModel | None = None) -> CaptionRecord:
     rng = np.random.default_rng(seed) if temperature > 0 else None
-    rec = CaptionRecord("", [], method)
-    clock = Clock(cost)
-    wall0 = time.perf_counter()
+    books = Ledger(method, cost)
     bits = packets.id_bits(lm.vocab_size)
     features = lm.wire(features)  # what the model reads: for a cloud, what the edge sends it
+    role = "edge" if link is None else "cloud"
     with ResourceMonitor() as mon:
         if link is not None:
-            up = packets.features_packet(1, features, language)
-            charge(rec, clock, link, "up", "features", up)
-        session, dt = clock.run(lm.start, features, language, scale=time_scale,
+            books.send(link, "up", "features", packets.features_packet(1, features, language))
+        session = books.prefill(role, lm.start, features, language, scale=time_scale,
                                 work=Work(method, features.shape[-1], prefill=True))
-        rec.prefill_time = dt
-        rec.edge_compute, rec.cloud_compute = (dt, 0.0) if link is None else (0.0, dt)
-        rec.prompt_tokens = session.prompt_len
-        if link is not None:
-            rec.cloud_tokens = session.prompt_len
 
         def seen(i, tok, _):
             if link is not None:  # each token streams down as it is made
-                charge(rec, clock, link, "down", "token", packets.verdict_packet(1, i, 0, tok, bits), overlap=i > 0)
+                books.send(link, "down", "token", packets.verdict_packet(1, i, 0, tok, bits), overlap=i > 0)
             if i == 0:
-                rec.ttft = clock.virtual
+                books.first_token()
 
         def feed(tok):
-            out, dt = clock.run(session.extend, [tok], scale=time_scale, work=Work(method, 1, session.length))
-            if link is None:
-                rec.edge_compute += dt
-                rec.edge_fed += 1
-            else:
-                rec.cloud_compute += dt
-                rec.cloud_tokens += 1
+            out = books.forward(role, session.extend, [tok], scale=time_scale, work=Work(method, 1, session.length))
             return out.logits[-1]
         ids = autoregress(session.prefill_logits, feed, lm.eos_token_id, max_new_tokens,
                           lambda logits: pick(logits, temperature, rng), seen)
-    return finish(rec, lm, ids, clock, wall0, mon)
+    return books.finish(lm, ids, mon)
 
 
 def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: str, settings: SpecSettings,
@@ -96,26 +81,25 @@ def speculative(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: s
         from .pipelined import pipelined
         return pipelined(edge, cloud, features, language, settings, link, session_id, keep_sessions)
     bits = packets.id_bits(min(edge.vocab_size, cloud.vocab_size))
-    rec = blocking_loop(edge, lambda clock, rec: CloudHalf(cloud, features, language, settings, clock, rec),
-                        features, language, settings, link, session_id, bits, keep_sessions)
-    return rec
+    return blocking_loop(edge, lambda books: CloudHalf(cloud, features, language, settings, books),
+                         features, language, settings, link, session_id, bits, keep_sessions)
 
 
 def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str, settings: SpecSettings,
-                  link: Link, session_id: int, bits: int, keep_sessions: bool = False) -> CaptionRecord:
-    """The blocking speculative loop around any cloud half: `make_cloud(clock, record)` returns an
+                  link: Link, session_id: int, bits: int, keep_sessions: bool = False,
+                  method: str = "speculative", networked: bool = False) -> CaptionRecord:
+    """The blocking speculative loop around any cloud half: `make_cloud(ledger)` returns an
     object whose `round(link, session_id, seq, committed, block, eos, bits)` verifies one block and
     returns the verdict, or None when the cloud could not be reached (the block is then committed
     as drafted: edge-only for that block). In-process: `CloudHalf`; over a socket: serving.edge."""
-    rec = CaptionRecord("", [], "speculative")
-    clock = Clock(settings.cost)
-    wall0 = time.perf_counter()
+    books = Ledger(method, settings.cost, networked=networked)
+    rec = books.rec  # read (accept rate so far, the policy's view); written through `books` only
     eos = edge.eos_token_id
     policy, gate, rule = settings.policy, settings.gate, settings.rule
     audio = audio_summary(features)
     with ResourceMonitor() as mon:
-        ed = EdgeHalf(edge, features, language, settings, clock, rec)
-        cl = make_cloud(clock, rec)
+        ed = EdgeHalf(edge, features, language, settings, books)
+        cl = make_cloud(books)
         committed: list[int] = []
         seq = 0
         done = False
@@ -126,7 +110,7 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
             if gate.level == "token":
                 escalate = _draft_until_flagged(ed, block, gate, rule.needs_q, settings.max_new_tokens - len(committed),
                                                 eos)
-                rec.drafted += len(block)
+                books.drafted(len(block))
                 if escalate and gate.verify == "alone" and len(block) > 1:
                     # the unflagged tokens are committed as drafted; they reach the cloud as context
                     committed.extend(block.tokens[:-1])
@@ -135,7 +119,7 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
                 budget = min(policy.next_length(), settings.max_new_tokens - len(committed))
                 while len(block) < budget and ed.draft(block, rule.needs_q) != eos:
                     pass
-                rec.drafted += len(block)
+                books.drafted(len(block))
                 escalate = gate.escalate(block)
             # 2. gate; 3. escalate (only what the cloud has not seen) with 4. one cloud forward
             verdict = None
@@ -147,15 +131,13 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
                 ed.align(committed)  # a flagged token still unfed goes in now
                 done = bool(block.tokens) and block.tokens[-1] == eos
                 policy.update(len(block), len(block), escalated=False, corrected=False)
-                if not rec.ttft:
-                    rec.ttft = clock.virtual  # the first committed token (or the end) is known now
+                books.first_token()  # the first committed token (or the end) is known now
                 continue
-            rec.rounds += 1
-            rec.transmitted += len(block)
+            books.escalated(len(block))
             # roll back the edge past the rejected tokens, commit the cloud's token
             accepted = block.tokens[: verdict.accepted]
             committed.extend(t for t in accepted if t != eos)
-            book_verdict(rec, verdict, len(block))
+            books.verdict(verdict, len(block))
             if verdict.token is None and accepted and accepted[-1] != eos:  # no bonus (an oracle at a budget)
                 ed.align(committed)
             elif verdict.token is None or verdict.token == eos or (accepted and accepted[-1] == eos):
@@ -164,13 +146,10 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
             else:
                 ed.align(committed, [verdict.token] if len(committed) + 1 < settings.max_new_tokens else [])
                 committed.append(verdict.token)
-            if not rec.ttft:
-                rec.ttft = clock.virtual
+            books.first_token()
             policy.update(len(block), verdict.accepted, escalated=True, corrected=verdict.corrected)
             policy.observe(rec)
-    if keep_sessions:
-        rec.sessions = (ed.sess, cl.sess)
-    return finish(rec, edge, committed[: settings.max_new_tokens], clock, wall0, mon)
+    return books.finish(edge, committed[: settings.max_new_tokens], mon, (ed.sess, cl.sess) if keep_sessions else None)
 
 
 def _draft_until_flagged(ed: EdgeHalf, block: Block, gate: Gate, needs_q: bool, budget: int, eos: int) -> bool:

@@ -17,11 +17,11 @@ from . import packets
 from .cloud import CloudSession
 from .cost import Work
 from .gates import Gate
+from .ledger import Ledger
 from .link import Link
 from .policies import LengthPolicy
-from .record import CaptionRecord, Clock, charge
 from .stats import Block, token_stats
-from .verify import Rule, examined
+from .verify import Rule
 from .wisv import csi_of
 from .wisv_upload import MismatchRate
 
@@ -69,16 +69,14 @@ class EdgeHalf:
     AFTER each token (block.hidden: what WISV uploads and its traces keep) needs every token fed at
     once, so those rules and traces do not defer."""
 
-    def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, clock: Clock, rec: CaptionRecord):
-        self.lm, self.s, self.clock, self.rec = lm, s, clock, rec
+    def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, books: Ledger):
+        self.lm, self.s, self.books = lm, s, books
         self.rng = np.random.default_rng(s.seed + 1_000_003) if s.temperature > 0 else None
         self.keep_hidden = s.trace_hidden or s.rule.needs_hidden  # block.hidden: the state after each token
         self.keep_context = s.gate.needs_hidden  # block.context: the state before each token
         start = partial(lm.start, hidden=True) if self.keep_context else lm.start
-        self.sess, dt = clock.run(start, features, language, scale=s.edge_time_scale,
+        self.sess = books.prefill("edge", start, features, language, scale=s.edge_time_scale,
                                   work=Work("edge", features.shape[-1], prefill=True))
-        rec.prefill_time = rec.edge_compute = dt
-        rec.prompt_tokens = self.sess.prompt_len
         self.logits = self.sess.prefill_logits  # next-token logits after what the cache holds
         self.cached = 0  # caption tokens in the edge's KV cache
         self.state = self.sess.prefill_hidden  # the state after what the cache holds (with keep_context)
@@ -92,10 +90,8 @@ class EdgeHalf:
         return self._extend([tok], hidden)
 
     def _extend(self, ids: list[int], hidden: bool = False) -> torch.Tensor | None:
-        out, dt = self.clock.run(self.sess.extend, ids, hidden or self.keep_context, scale=self.s.edge_time_scale,
-                                 work=Work("edge", len(ids), self.sess.length))
-        self.rec.edge_compute += dt
-        self.rec.edge_fed += len(ids)
+        out = self.books.forward("edge", self.sess.extend, ids, hidden or self.keep_context,
+                                 scale=self.s.edge_time_scale, work=Work("edge", len(ids), self.sess.length))
         self.logits = out.logits[-1]
         self.cached += len(ids)
         if self.keep_context:
@@ -151,15 +147,15 @@ class EdgeHalf:
 
 
 class CloudHalf:
-    """The cloud's half in-process: a `CloudSession` on this caption's clock and record. With
-    `cloud_cache` its KV cache persists across rounds; without, audio and prefix are re-encoded."""
+    """The cloud's half in-process: a `CloudSession` on this caption's books. With `cloud_cache`
+    its KV cache persists across rounds; without, audio and prefix are re-encoded."""
 
-    def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, clock: Clock, rec: CaptionRecord):
-        self.s, self.clock, self.rec, self.language = s, clock, rec, language
+    def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, books: Ledger):
+        self.s, self.books, self.language = s, books, language
         self.features = lm.wire(features)  # what the edge sends for the clip's log-mel `features`
         self.session = CloudSession(lm, self.features, language, s.rule, s.seed, s.cloud_cache)
         self.session.keep_hidden |= s.trace_hidden
-        self.synced = 0  # committed caption tokens the cloud's cache holds
+        self.cloud_holds = 0  # committed caption tokens the cloud's cache holds
         self.rate = MismatchRate()  # WISV's `auto` protocol chooses by it
 
     @property
@@ -174,41 +170,39 @@ class CloudHalf:
         """One round on the session; returns the verdict and the (scaled) compute seconds."""
         verdict, spent, positions = self.session.verify(
             sync, prefix, block.tokens, block.q, eos,
-            measure=lambda fn, *a, work: self.clock.measure(fn, *a, scale=self.s.cloud_time_scale, work=work),
+            measure=lambda fn, *a, work: self.books.measure(fn, *a, scale=self.s.cloud_time_scale, work=work),
             edge_hidden=block.hidden, csi=csi)
-        self.rec.cloud_tokens += positions
-        self.rec.cloud_compute += spent
+        self.books.cloud_verified(spent, positions)
         return verdict, spent
 
     def round(self, link: Link, session_id: int, seq: int, committed: list[int], block: Block, eos: int,
               bits: int):
         """The blocking loop's escalation: the packets up on the link model, one verification, the
         verdict down, all on the virtual clock. Returns the verdict (never None: this cloud cannot fail)."""
-        rec, clock, rule = self.rec, self.clock, self.s.rule
-        sync = committed[self.synced:]
+        books, rule = self.books, self.s.rule
+        sync = committed[self.cloud_holds:]
         if self.sess is None:
-            charge(rec, clock, link, "up", "features", packets.features_packet(session_id, self.features,
-                                                                                self.language))
+            books.send(link, "up", "features", packets.features_packet(session_id, self.features, self.language))
         protocol = wisv_protocol(rule, self.rate, link, block, bits) if rule.needs_hidden else None
         csi = csi_of(link) if rule.needs_hidden else None
         up = packets.verify_packet(session_id, seq, sync, block.tokens, bits) + round_payload(
             rule, session_id, seq, block, protocol, csi)
-        charge(rec, clock, link, "up", "verify", up)
-        rec.synced += len(sync)
+        books.send(link, "up", "verify", up)
+        books.synced(len(sync))
         verdict, dt = self.verify(sync, committed, block, eos, csi)
-        clock.virtual += dt
+        books.elapse(dt)
         if protocol == "selective" and verdict.asked:  # the cloud asks for the states at its mismatches
-            charge(rec, clock, link, "down", "mismatch", packets.mismatch_packet(session_id, seq, verdict.asked))
-            charge(rec, clock, link, "up", "hidden", hidden_upload(session_id, seq, block, verdict.asked))
-            rec.hidden_requests += 1
-        rec.tolerated += verdict.tolerated  # WISV's head, or an oracle over its allowance
+            books.send(link, "down", "mismatch", packets.mismatch_packet(session_id, seq, verdict.asked))
+            books.send(link, "up", "hidden", hidden_upload(session_id, seq, block, verdict.asked))
+            books.hidden_request()
+        books.tolerated(verdict.tolerated)  # WISV's head, or an oracle over its allowance
         if rule.needs_hidden:
             self.rate.learn(len(block), verdict.accepted, verdict.asked if protocol == "selective" else ())
         if self.s.observer is not None:
             self.s.observer(block, self.rows, verdict, committed, self.session.hidden)
-        charge(rec, clock, link, "down", "verdict", packets.verdict_packet(session_id, seq, verdict.accepted,
-                                                                              verdict.token, bits))
-        self.synced = len(committed) + verdict.accepted
+        books.send(link, "down", "verdict", packets.verdict_packet(session_id, seq, verdict.accepted,
+                                                                    verdict.token, bits))
+        self.cloud_holds = len(committed) + verdict.accepted
         return verdict
 
 def wisv_protocol(rule, rate: MismatchRate, link: Link, block: Block, bits: int) -> str:
@@ -238,25 +232,6 @@ def round_payload(rule: Rule, session_id: int, seq: int, block: Block, protocol:
         if protocol == "full":
             out += hidden_upload(session_id, seq, block, range(len(block)))
     return out
-
-
-def book_verdict(rec: CaptionRecord, verdict, n_draft: int) -> None:
-    rec.accepted += verdict.accepted
-    book_positions(rec, verdict.accepted, examined(verdict.accepted, n_draft))
-    if verdict.token is not None:
-        if verdict.corrected:
-            rec.corrected += 1
-        else:
-            rec.bonus += 1
-
-
-def book_positions(rec: CaptionRecord, accepted: int, checked: int) -> None:
-    while len(rec.position_checked) < checked:
-        rec.position_checked.append(0)
-        rec.position_accepted.append(0)
-    for i in range(checked):
-        rec.position_checked[i] += 1
-        rec.position_accepted[i] += int(i < accepted)
 
 
 def last_token(block: Block) -> Block:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -48,10 +47,10 @@ import numpy as np
 from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
 from . import packets
-from .halves import CloudHalf, EdgeHalf, SpecSettings, book_verdict, last_token, round_payload
+from .halves import CloudHalf, EdgeHalf, SpecSettings, last_token, round_payload
+from .ledger import CaptionRecord, Ledger
 from .link import Link
 from .policies import LengthPolicy
-from .record import CaptionRecord, Clock, account, finish
 from .stats import Block, audio_summary
 from .verify import Verdict
 
@@ -89,19 +88,19 @@ class _Loop:
         self.s, self.link, self.session_id = s, link, session_id
         self.features, self.language = features, language
         self.audio = audio_summary(features)
-        self.rec = CaptionRecord("", [], "pipelined", in_flight=s.in_flight)
-        self.clock = Clock(s.cost)
+        self.books = Ledger("pipelined", s.cost, in_flight=s.in_flight)
+        self.rec = self.books.rec  # read (accept rate, drafting times); written through `books` only
         self.eos = edge.eos_token_id
         self.bits = packets.id_bits(min(edge.vocab_size, cloud.vocab_size))
         self.policy = s.policy
-        self.ed = EdgeHalf(edge, features, language, s, self.clock, self.rec)
-        self.cl = CloudHalf(cloud, features, language, s, self.clock, self.rec)
+        self.ed = EdgeHalf(edge, features, language, s, self.books)
+        self.cl = CloudHalf(cloud, features, language, s, self.books)
         self.up, self.down = _Pipe(link.rtt_s), _Pipe(link.rtt_s)
         self.cloud_free = 0.0
         self.features_sent = False
         self.seq_all: list[int] = []  # the caption as the edge has it (final + assumed), no EOS
         self.ended = False  # seq_all ends the caption (an EOS was drafted or guessed)
-        self.synced = 0  # tokens of seq_all in the cloud's cache, if every block in flight holds
+        self.cloud_holds = 0  # tokens of seq_all in the cloud's cache, if every block in flight holds
         self.inflight: deque[_Pending] = deque()
         self.epoch = 0  # contradicting verdicts the edge has received
         self.cloud_epoch = 0  # contradicting verdicts the cloud has issued
@@ -147,7 +146,7 @@ class _Loop:
                 if s.gate.level == "token" and s.gate.flag(block):
                     self.budget, self.flagged = len(block), True  # the block ends at the flagged token
                 continue
-            self.rec.drafted += len(block)
+            self.books.drafted(len(block))
             if s.gate.level == "token":
                 if self.flagged and s.gate.verify == "alone" and len(block) > 1:
                     # as in the blocking loop: the unflagged tokens are kept as drafted, the flagged one goes up
@@ -167,19 +166,17 @@ class _Loop:
     def _not_worth_drafting(self) -> bool:
         if not self.inflight or self.s.draft_ahead == "always" or not self.token_time[1]:
             return False
-        due = self.inflight[0].sent + self.latency[0] / self.latency[1] - self.clock.virtual
+        due = self.inflight[0].sent + self.latency[0] / self.latency[1] - self.books.now
         miss = 1 - self.holds[0] / self.holds[1]
         return due < miss * self.token_time[0] / self.token_time[1]
 
     def _receive(self) -> None:
-        while self.inflight and self.inflight[0].arrival <= self.clock.virtual:
+        while self.inflight and self.inflight[0].arrival <= self.books.now:
             self._settle(self.inflight.popleft())
 
     def _wait(self) -> None:
         p = self.inflight.popleft()
-        if p.arrival > self.clock.virtual:
-            self.rec.wait_time += p.arrival - self.clock.virtual
-            self.clock.virtual = p.arrival
+        self.books.wait_until(p.arrival)
         self._settle(p)
 
     def _append(self, tokens: list[int]) -> None:
@@ -192,46 +189,44 @@ class _Loop:
     def _keep_local(self, block: Block) -> None:
         self._append(block.tokens)
         self.policy.update(len(block), len(block), escalated=False, corrected=False)
-        if not self.inflight and not self.rec.ttft:
-            self.rec.ttft = self.clock.virtual  # final at once: nothing it depends on is in flight
+        if not self.inflight:
+            self.books.first_token()  # final at once: nothing it depends on is in flight
         self.block = None
 
     # ---- sending a block; the cloud's side runs here too, in order ----
     def _escalate(self, block: Block) -> None:
-        s, rec = self.s, self.rec
+        s, books = self.s, self.books
         self.seq += 1
-        sync = self.seq_all[self.synced:block.start]
+        sync = self.seq_all[self.cloud_holds:block.start]
         end_len = block.start + sum(t != self.eos for t in block.tokens)
         ends = bool(block.tokens) and block.tokens[-1] == self.eos
         guess = self.ed.pick() if not ends and end_len < s.max_new_tokens else None
-        t = self.clock.virtual
+        t = books.now
         if not self.features_sent:
-            seconds = account(rec, self.link, "up", "features",
-                               packets.features_packet(self.session_id, self.cl.features, self.language))
+            seconds = books.account(self.link, "up", "features",
+                                    packets.features_packet(self.session_id, self.cl.features, self.language))
             self.up.send(t, seconds)  # the verify packet queues behind it
             self.features_sent = True
         payload = packets.pipelined_packet(self.session_id, self.seq, self.epoch, sync, block.tokens, guess,
                                            self.bits) + round_payload(s.rule, self.session_id, self.seq, block)
-        arrived = self.up.send(t, account(rec, self.link, "up", "verify", payload))
-        rec.transmitted += len(block)
-        rec.synced += len(sync)
+        arrived = self.up.send(t, books.account(self.link, "up", "verify", payload))
+        books.synced(len(sync))
         verdict, holds, arrival = None, True, math.inf
         if self.epoch == self.cloud_epoch:
             verdict, dt = self.cl.verify(sync, self.seq_all[:block.start], block, self.eos)
             self.cloud_free = max(arrived, self.cloud_free) + dt
             down = packets.verdict_packet(self.session_id, self.seq, verdict.accepted, verdict.token, self.bits)
-            arrival = self.down.send(self.cloud_free, account(rec, self.link, "down", "verdict", down))
+            arrival = self.down.send(self.cloud_free, books.account(self.link, "down", "verdict", down))
             holds = verdict.accepted == len(block) and (guess is None or verdict.token == guess)
             self.cloud_epoch += not holds
-            rec.rounds += 1
-        else:
-            rec.stale += 1  # drafted on top of a rejected block: dropped unverified
+        # verified, or dropped unverified: drafted on top of a rejected block
+        books.escalated(len(block), verified=verdict is not None)
         self.inflight.append(_Pending(self.seq, block, guess, copy.deepcopy(self.policy), verdict, arrival, holds,
-                                      sent=self.clock.virtual))
+                                      sent=books.now))
         # go on as if it holds
         self.policy.update(len(block), len(block), escalated=True, corrected=False)
         self._append(block.tokens)
-        self.synced = len(self.seq_all)
+        self.cloud_holds = len(self.seq_all)
         if guess is not None:
             self._append([guess])
             if not self.ended and len(self.seq_all) < s.max_new_tokens:
@@ -240,10 +235,9 @@ class _Loop:
 
     # ---- a verdict reaches the edge ----
     def _settle(self, p: _Pending) -> None:
-        rec, v = self.rec, p.verdict
-        if not rec.ttft:
-            rec.ttft = p.arrival
-        book_verdict(rec, v, len(p.block))
+        v = p.verdict
+        self.books.first_token(at=p.arrival)
+        self.books.verdict(v, len(p.block))
         self.latency[0] += p.arrival - p.sent
         self.latency[1] += 1
         self.holds[0] += p.holds
@@ -254,13 +248,13 @@ class _Loop:
         accepted = p.block.tokens[: v.accepted]
         drafted_after = (len(self.seq_all) + int(self.ended) + (len(self.block) if self.block else 0)
                          - (self.unfed is not None))
-        rec.wasted += drafted_after - (p.block.start + len(p.block))
+        self.books.wasted(drafted_after - (p.block.start + len(p.block)))
         self.unfed = None
         del self.seq_all[p.block.start:]
         self.ended = False
         self._append(accepted)
         self.ed.truncate(len(self.seq_all))
-        self.synced = len(self.seq_all)
+        self.cloud_holds = len(self.seq_all)
         if v.token is not None and not self.ended:
             self._append([v.token])
             if not self.ended and len(self.seq_all) < self.s.max_new_tokens:
@@ -280,11 +274,9 @@ def pipelined(edge: AudioLM, cloud: AudioLM, features: np.ndarray, language: str
     if settings.rule.needs_hidden:
         raise ValueError(f"rule {settings.rule.name!r} runs in the blocking loop only (decode.in_flight 0): its "
                          "selective upload protocol waits for the cloud's mismatch positions")
-    wall0 = time.perf_counter()
     with ResourceMonitor() as mon:
         loop = _Loop(edge, cloud, features, language, settings, link, session_id)
         ids = loop.run()
-    loop.rec.link_time = sum(p["seconds"] for p in loop.rec.packets)  # on the wire, mostly hidden
-    if keep_sessions:
-        loop.rec.sessions = (loop.ed.sess, loop.cl.sess)
-    return finish(loop.rec, edge, ids[: settings.max_new_tokens], loop.clock, wall0, mon)
+    loop.books.overlapped_link_time()
+    return loop.books.finish(edge, ids[: settings.max_new_tokens], mon,
+                             (loop.ed.sess, loop.cl.sess) if keep_sessions else None)

@@ -16,12 +16,13 @@ seconds it was charged and the virtual time after it.
 
 from __future__ import annotations
 
+from .ledger import output_timing
 from .link import Link
 
 
 def link_log(packets: list[dict]) -> dict:
     """The compact per-packet log of a blocking-loop record (CaptionRecord.packets, all booked by
-    record.charge)."""
+    ledger.Ledger.send)."""
     if any("charged" not in p for p in packets):
         raise ValueError("a packet was sent off the blocking clock (the pipelined loop): its caption "
                          "cannot be relinked")
@@ -55,7 +56,5 @@ def relink(record: dict, link: Link) -> dict:
     out["link_time"] = sum(charged)
     out["ttft"] = ttft + shift_ttft
     out["retransmissions"] = link.retransmissions - before
-    out["oet"] = max(out["total_time"] - out["ttft"], 0.0)
-    n = record["tokens"]
-    out["otps"] = (n - 1) / out["oet"] if out["oet"] > 0 and n > 1 else 0.0
+    out["oet"], out["otps"] = output_timing(out["total_time"], out["ttft"], record["tokens"])
     return out

@@ -20,8 +20,8 @@ from ..data.uplink import Uplink
 from ..decoding import packets
 from ..decoding.engine import blocking_loop
 from ..decoding.halves import SpecSettings, hidden_upload, round_payload, wisv_protocol
+from ..decoding.ledger import CaptionRecord, Ledger
 from ..decoding.link import Link
-from ..decoding.record import CaptionRecord, Clock, account
 from ..decoding.stats import Block
 from ..decoding.verify import Verdict
 from ..decoding.wisv import csi_of
@@ -30,55 +30,29 @@ from ..models.base import AudioLM
 from .client import CloudRefused, CloudUnavailable, VerifierClient
 
 
-def new_network_stats() -> dict:
-    return {"requests": 0, "net_rtt": 0.0, "net_time": 0.0, "server_compute": 0.0, "server_queue": 0.0,
-            "http_bytes_up": 0, "http_bytes_down": 0, "link_model_time": 0.0, "fallback": 0, "reopened": 0,
-            "fallback_reasons": [], "verify_rtts": []}
-
-
 class RemoteCloud:
     """The cloud half of `blocking_loop` over HTTP. `emulate`: sleep the link model's seconds for
     every packet (client-side channel emulation on top of the real socket)."""
 
-    def __init__(self, client: VerifierClient, features: np.ndarray, language: str, s: SpecSettings, clock: Clock,
-                 rec: CaptionRecord, features_dtype: str = "float16", q_dtype: str = "float16",
-                 emulate: bool = False, breaker: int = 2):
+    def __init__(self, client: VerifierClient, features: np.ndarray, language: str, s: SpecSettings, books: Ledger,
+                 features_dtype: str = "float16", q_dtype: str = "float16", emulate: bool = False, breaker: int = 2):
         self.client, self.features, self.language, self.s = client, features, language, s
-        self.clock, self.rec = clock, rec
+        self.books = books
         self.features_dtype, self.q_dtype, self.emulate, self.breaker = features_dtype, q_dtype, emulate, breaker
         self.sid: int | None = None
         self.seq = 0  # seq of the last VERIFY on the current session
-        self.synced = 0  # committed caption tokens the server's cache holds
+        self.cloud_holds = 0  # committed caption tokens the server's cache holds
         self.failures = 0  # in a row
         self.down = False
         self.sess = None  # no local model session (keep_sessions)
         self.rate = MismatchRate()  # WISV's `auto` protocol chooses by it
-        rec.network = new_network_stats()
 
-    # ---- the exchange and its books ----
     def _packet(self, link: Link, direction: str, kind: str, packet: bytes) -> None:
         """Book one packet on the link model (the prediction next to the measurement); with
         `emulate`, also wait that long, as if the link were that slow."""
-        predicted = account(self.rec, link, direction, kind, packet)
-        self.rec.network["link_model_time"] += predicted
+        predicted = self.books.predicted(link, direction, kind, packet, self.emulate)
         if self.emulate:
             time.sleep(predicted)
-            self.clock.virtual += predicted
-            self.rec.link_time += predicted
-
-    def _book(self, ex) -> None:
-        """What one request/response measured."""
-        net = self.rec.network
-        net["requests"] += 1
-        net["net_rtt"] += ex.seconds
-        net["net_time"] += max(ex.seconds - ex.compute - ex.queue, 0.0)
-        net["server_compute"] += ex.compute
-        net["server_queue"] += ex.queue
-        net["http_bytes_up"] += ex.bytes_up
-        net["http_bytes_down"] += ex.bytes_down
-        self.rec.cloud_compute += ex.compute
-        self.rec.link_time += max(ex.seconds - ex.compute, 0.0)
-        self.clock.virtual += ex.seconds
 
     def _open(self, link: Link) -> None:
         rule = self.s.rule
@@ -88,8 +62,8 @@ class RemoteCloud:
                                      temperature, self.s.seed, self.q_dtype, self.features_dtype)
         self._packet(link, "up", "features", packet)
         self.sid, ex = self.client.open(packet)
-        self._book(ex)
-        self.seq, self.synced = 0, 0
+        self.books.exchange(ex)
+        self.seq, self.cloud_holds = 0, 0
 
     # ---- the loop's hook ----
     def round(self, link: Link, session_id: int, seq: int, committed: list[int], block: Block, eos: int,
@@ -105,7 +79,7 @@ class RemoteCloud:
                     raise  # a wrong token is the user's to fix, not something to degrade around
                 if exc.status == 404 and not reopened:  # expired, or the server restarted: start over once
                     self.sid, reopened = None, True
-                    self.rec.network["reopened"] += 1
+                    self.books.reopened()
                     continue
                 return self._fail(str(exc))
             except CloudUnavailable as exc:
@@ -114,15 +88,14 @@ class RemoteCloud:
     def _verify(self, link: Link, committed: list[int], block: Block, bits: int) -> Verdict:
         if self.sid is None:
             self._open(link)
-        sync = committed[self.synced:]
+        sync = committed[self.cloud_holds:]
         rule = self.s.rule
         protocol = wisv_protocol(rule, self.rate, link, block, bits) if rule.needs_hidden else None
         packet = packets.verify_packet(self.sid, self.seq + 1, sync, block.tokens, bits) + round_payload(
             rule, self.sid, self.seq + 1, block, protocol, csi_of(link) if rule.needs_hidden else None, self.q_dtype)
         self._packet(link, "up", "verify", packet)
         ex = self.client.verify(self.sid, packet)
-        self._book(ex)
-        self.rec.network["verify_rtts"].append(ex.seconds)
+        self.books.exchange(ex, verify=True)
         self.seq += 1
         asked: list[int] = []
         if rule.needs_hidden:
@@ -135,8 +108,8 @@ class RemoteCloud:
             raise CloudUnavailable(f"verdict for session {sid} seq {seq} ({accepted} accepted) does not answer "
                                    f"session {self.sid} seq {self.seq}")
         self._packet(link, "down", "verdict", ex.body)
-        self.rec.synced += len(sync)
-        self.synced = len(committed) + accepted
+        self.books.synced(len(sync))
+        self.cloud_holds = len(committed) + accepted
         self.failures = 0
         if rule.needs_hidden:
             self.rate.learn(len(block), accepted, asked)
@@ -162,8 +135,8 @@ class RemoteCloud:
         packet = hidden_upload(self.sid, self.seq, block, asked)
         self._packet(link, "up", "hidden", packet)
         answer = self.client.hidden(self.sid, packet)
-        self._book(answer)
-        self.rec.hidden_requests += 1
+        self.books.exchange(answer)
+        self.books.hidden_request()
         return answer, asked
 
     def _fail(self, reason: str) -> None:
@@ -177,10 +150,7 @@ class RemoteCloud:
         return self._fallback(reason)
 
     def _fallback(self, reason: str) -> None:
-        net = self.rec.network
-        net["fallback"] += 1
-        if len(net["fallback_reasons"]) < 5:
-            net["fallback_reasons"].append(reason)
+        self.books.fallback(reason)
         return None
 
     def finish(self) -> None:
@@ -209,14 +179,12 @@ def caption_remote(edge: AudioLM, client: VerifierClient, info: dict, features: 
     wire = Uplink(**info.get("uplink", {})).encode(features)  # what the served cloud reads (older servers: the log-mel)
     holder: list[RemoteCloud] = []
 
-    def make(clock, rec):
-        holder.append(RemoteCloud(client, wire, language, settings, clock, rec, features_dtype, q_dtype,
-                                  emulate, breaker))
+    def make(books):
+        holder.append(RemoteCloud(client, wire, language, settings, books, features_dtype, q_dtype, emulate, breaker))
         return holder[0]
     try:
-        rec = blocking_loop(edge, make, features, language, settings, link, 1, bits)
+        return blocking_loop(edge, make, features, language, settings, link, 1, bits, method="networked",
+                             networked=True)
     finally:
         if holder:
             holder[0].finish()
-    rec.method = "networked"
-    return rec
