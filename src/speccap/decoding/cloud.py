@@ -49,12 +49,7 @@ class CloudSession:
         of the draft and the channel state `csi`. Returns the verdict, the compute seconds and the
         token positions the model ran over."""
         rows, spent, positions = self.forward(sync, prefix, draft, measure)
-        if self.rule.needs_hidden:
-            verdict = self.rule.verify_hidden(list(draft), rows, edge_hidden, self.hidden, csi, eos)
-        else:
-            verdict = self.rule.verify(list(draft), rows, q or None, eos, self.rng)
-        self.conclude(draft, verdict)
-        return verdict, spent, positions
+        return self.judge(draft, q, eos, edge_hidden, csi), spent, positions
 
     def forward(self, sync: list[int], prefix: list[int], draft: list[int], measure=timed):
         """A round's first half: the forward, leaving `rows` (row i scores draft token i) and `hidden`.
@@ -76,7 +71,15 @@ class CloudSession:
         self.hidden = out.hidden[len(sync):] if self.keep_hidden else None  # state after reading draft token i
         return rows, spent, positions
 
-    def conclude(self, draft: list[int], verdict: Verdict) -> None:
-        """A round's second half: the cache cropped past the rejected tokens."""
+    def judge(self, draft: list[int], q: list[torch.Tensor] | None, eos: int, edge_hidden: list | None = None,
+              csi=None) -> Verdict:
+        """A round's second half: the rule's verdict on the last forward's rows (WISV's with the
+        edge's hidden states and the channel state), and the cache cropped past the rejected tokens.
+        The verifier server calls it when WISV's hidden states arrive after its question."""
+        if self.rule.needs_hidden:
+            verdict = self.rule.verify_hidden(list(draft), self.rows, edge_hidden, self.hidden, csi, eos)
+        else:
+            verdict = self.rule.verify(list(draft), self.rows, q or None, eos, self.rng)
         self.sess.rollback(len(draft) - verdict.accepted)
         self.last = self.rows[verdict.accepted]
+        return verdict

@@ -20,10 +20,9 @@ from .gates import Gate
 from .ledger import Ledger
 from .link import Link
 from .policies import LengthPolicy
+from .round import Answer, Round, Transport
 from .stats import Block, token_stats
 from .verify import Rule
-from .wisv import csi_of
-from .wisv_upload import MismatchRate
 
 
 @dataclass(frozen=True)
@@ -146,17 +145,18 @@ class EdgeHalf:
         self.state = None  # no longer the last state; the next feed brings the current one
 
 
-class CloudHalf:
-    """The cloud's half in-process: a `CloudSession` on this caption's books. With `cloud_cache`
-    its KV cache persists across rounds; without, audio and prefix are re-encoded."""
+class CloudHalf(Transport):
+    """The cloud's half in-process, as a transport: a `CloudSession` on this caption's books, its
+    packets on the link model. With `cloud_cache` its KV cache persists across rounds; without,
+    audio and prefix are re-encoded."""
 
     def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, books: Ledger):
-        self.s, self.books, self.language = s, books, language
+        super().__init__(s.rule, books)
+        self.s, self.language = s, language
         self.features = lm.wire(features)  # what the edge sends for the clip's log-mel `features`
         self.session = CloudSession(lm, self.features, language, s.rule, s.seed, s.cloud_cache)
         self.session.keep_hidden |= s.trace_hidden
-        self.cloud_holds = 0  # committed caption tokens the cloud's cache holds
-        self.rate = MismatchRate()  # WISV's `auto` protocol chooses by it
+        self._verdict = None  # the round's verdict, reached in `verify` (WISV's question included)
 
     @property
     def sess(self):
@@ -166,8 +166,8 @@ class CloudHalf:
     def rows(self):
         return self.session.rows
 
-    def verify(self, sync: list[int], prefix: list[int], block: Block, eos: int, csi=None):
-        """One round on the session; returns the verdict and the (scaled) compute seconds."""
+    def check(self, sync: list[int], prefix: list[int], block: Block, eos: int, csi=None):
+        """One round on the session, off the clock; returns the verdict and the (scaled) compute seconds."""
         verdict, spent, positions = self.session.verify(
             sync, prefix, block.tokens, block.q, eos,
             measure=lambda fn, *a, work: self.books.measure(fn, *a, scale=self.s.cloud_time_scale, work=work),
@@ -175,63 +175,32 @@ class CloudHalf:
         self.books.cloud_verified(spent, positions)
         return verdict, spent
 
-    def round(self, link: Link, session_id: int, seq: int, committed: list[int], block: Block, eos: int,
-              bits: int):
-        """The blocking loop's escalation: the packets up on the link model, one verification, the
-        verdict down, all on the virtual clock. Returns the verdict (never None: this cloud cannot fail)."""
-        books, rule = self.books, self.s.rule
-        sync = committed[self.cloud_holds:]
+    # ---- the transport: the blocking loop's rounds on the link model and the virtual clock ----
+    def opened(self, link: Link, session_id: int, seq: int) -> tuple[int, int]:
         if self.sess is None:
-            books.send(link, "up", "features", packets.features_packet(session_id, self.features, self.language))
-        protocol = wisv_protocol(rule, self.rate, link, block, bits) if rule.needs_hidden else None
-        csi = csi_of(link) if rule.needs_hidden else None
-        up = packets.verify_packet(session_id, seq, sync, block.tokens, bits) + round_payload(
-            rule, session_id, seq, block, protocol, csi)
-        books.send(link, "up", "verify", up)
-        books.synced(len(sync))
-        verdict, dt = self.verify(sync, committed, block, eos, csi)
-        books.elapse(dt)
-        if protocol == "selective" and verdict.asked:  # the cloud asks for the states at its mismatches
-            books.send(link, "down", "mismatch", packets.mismatch_packet(session_id, seq, verdict.asked))
-            books.send(link, "up", "hidden", hidden_upload(session_id, seq, block, verdict.asked))
-            books.hidden_request()
-        books.tolerated(verdict.tolerated)  # WISV's head, or an oracle over its allowance
-        if rule.needs_hidden:
-            self.rate.learn(len(block), verdict.accepted, verdict.asked if protocol == "selective" else ())
+            self.post(link, "up", "features", packets.features_packet(session_id, self.features, self.language))
+        return session_id, seq
+
+    def post(self, link: Link, direction: str, kind: str, packet: bytes) -> None:
+        self.books.send(link, direction, kind, packet)
+
+    def verify(self, rnd: Round, eos: int) -> Answer:
+        # the whole round at once: a WISV verdict names the positions it needed (the selective
+        # protocol's question), and `hidden` then hands that verdict back
+        self._verdict, dt = self.check(rnd.sync, rnd.prefix, rnd.block, eos, rnd.csi)
+        self.books.elapse(dt)
+        return self._answer(rnd, self._verdict.asked)
+
+    def hidden(self, rnd: Round, asked: list[int], eos: int) -> Answer:
+        return self._answer(rnd)
+
+    def _answer(self, rnd: Round, asked=()) -> Answer:
+        v = self._verdict
+        return Answer(v, packets.verdict_packet(rnd.session_id, rnd.seq, v.accepted, v.token, rnd.bits), list(asked))
+
+    def observe(self, rnd: Round, verdict) -> None:
         if self.s.observer is not None:
-            self.s.observer(block, self.rows, verdict, committed, self.session.hidden)
-        books.send(link, "down", "verdict", packets.verdict_packet(session_id, seq, verdict.accepted,
-                                                                    verdict.token, bits))
-        self.cloud_holds = len(committed) + verdict.accepted
-        return verdict
-
-def wisv_protocol(rule, rate: MismatchRate, link: Link, block: Block, bits: int) -> str:
-    """WISV's upload protocol for this block (`rate`: the caption's, as the edge learned it)."""
-    d = next((h.shape[-1] for h in block.hidden if h is not None), 0)
-    return rate.protocol(rule.protocol, link, len(block), d, bits)
-
-
-def hidden_upload(session_id: int, seq: int, block: Block, positions) -> bytes:
-    """A HIDDEN packet with the edge's states at `positions` (an end-of-caption token has none)."""
-    pos = [i for i in positions if block.hidden[i] is not None]
-    h = torch.stack([block.hidden[i] for i in pos]).numpy() if pos else np.zeros((0, 0), np.float16)
-    return packets.hidden_packet(session_id, seq, pos, h)
-
-
-def round_payload(rule: Rule, session_id: int, seq: int, block: Block, protocol: str | None = None, csi=None,
-                  q_dtype: str = "float16") -> bytes:
-    """What rides after a round's header, the same in every loop and over every transport: the
-    draft distributions the rule reads (Q-S: its lattice; speculative sampling: dense rows in
-    `q_dtype`), and for WISV the channel state and, with the full protocol, every drafted token's
-    hidden state (the selective protocol sends those the cloud asks for later, `hidden_upload`)."""
-    out = b""
-    if rule.needs_q:
-        out += rule.q_payload(block.q) if rule.edge_distribution is not None else packets.q_payload(block.q, q_dtype)
-    if rule.needs_hidden:
-        out += packets.csi_payload(csi.uplink_mbps, csi.downlink_mbps, csi.rtt_ms, csi.per)
-        if protocol == "full":
-            out += hidden_upload(session_id, seq, block, range(len(block)))
-    return out
+            self.s.observer(rnd.block, self.rows, verdict, rnd.prefix, self.session.hidden)
 
 
 def last_token(block: Block) -> Block:

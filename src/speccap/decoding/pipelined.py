@@ -47,10 +47,11 @@ import numpy as np
 from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
 from . import packets
-from .halves import CloudHalf, EdgeHalf, SpecSettings, last_token, round_payload
+from .halves import CloudHalf, EdgeHalf, SpecSettings, last_token
 from .ledger import CaptionRecord, Ledger
 from .link import Link
 from .policies import LengthPolicy
+from .round import round_payload
 from .stats import Block, audio_summary
 from .verify import Verdict
 
@@ -213,7 +214,7 @@ class _Loop:
         books.synced(len(sync))
         verdict, holds, arrival = None, True, math.inf
         if self.epoch == self.cloud_epoch:
-            verdict, dt = self.cl.verify(sync, self.seq_all[:block.start], block, self.eos)
+            verdict, dt = self.cl.check(sync, self.seq_all[:block.start], block, self.eos)
             self.cloud_free = max(arrived, self.cloud_free) + dt
             down = packets.verdict_packet(self.session_id, self.seq, verdict.accepted, verdict.token, self.bits)
             arrival = self.down.send(self.cloud_free, books.account(self.link, "down", "verdict", down))

@@ -19,53 +19,89 @@ import numpy as np
 from ..data.uplink import Uplink
 from ..decoding import packets
 from ..decoding.engine import blocking_loop
-from ..decoding.halves import SpecSettings, hidden_upload, round_payload, wisv_protocol
+from ..decoding.halves import SpecSettings
 from ..decoding.ledger import CaptionRecord, Ledger
 from ..decoding.link import Link
+from ..decoding.round import Answer, Round, Transport
 from ..decoding.stats import Block
 from ..decoding.verify import Verdict
-from ..decoding.wisv import csi_of
-from ..decoding.wisv_upload import MismatchRate
 from ..models.base import AudioLM
 from .client import CloudRefused, CloudUnavailable, VerifierClient
 
 
-class RemoteCloud:
-    """The cloud half of `blocking_loop` over HTTP. `emulate`: sleep the link model's seconds for
-    every packet (client-side channel emulation on top of the real socket)."""
+class RemoteCloud(Transport):
+    """The cloud half of `blocking_loop` over HTTP: the same rounds as in-process (`Transport`),
+    their packets posted to the server. `emulate`: sleep the link model's seconds for every packet
+    (client-side channel emulation on top of the real socket)."""
 
     def __init__(self, client: VerifierClient, features: np.ndarray, language: str, s: SpecSettings, books: Ledger,
                  features_dtype: str = "float16", q_dtype: str = "float16", emulate: bool = False, breaker: int = 2):
+        super().__init__(s.rule, books)
         self.client, self.features, self.language, self.s = client, features, language, s
-        self.books = books
         self.features_dtype, self.q_dtype, self.emulate, self.breaker = features_dtype, q_dtype, emulate, breaker
         self.sid: int | None = None
         self.seq = 0  # seq of the last VERIFY on the current session
-        self.cloud_holds = 0  # committed caption tokens the server's cache holds
         self.failures = 0  # in a row
         self.down = False
         self.sess = None  # no local model session (keep_sessions)
-        self.rate = MismatchRate()  # WISV's `auto` protocol chooses by it
 
-    def _packet(self, link: Link, direction: str, kind: str, packet: bytes) -> None:
+    # ---- the transport ----
+    def post(self, link: Link, direction: str, kind: str, packet: bytes) -> None:
         """Book one packet on the link model (the prediction next to the measurement); with
         `emulate`, also wait that long, as if the link were that slow."""
         predicted = self.books.predicted(link, direction, kind, packet, self.emulate)
         if self.emulate:
             time.sleep(predicted)
 
-    def _open(self, link: Link) -> None:
-        rule = self.s.rule
-        # WISV: the server holds the head; its tau travels in the temperature field, its rank cap in rank
-        temperature = rule.tau if rule.needs_hidden else getattr(rule, "temperature", 1.0)
-        packet = packets.open_packet(self.features, self.language, rule.name, getattr(rule, "r", 1),
-                                     temperature, self.s.seed, self.q_dtype, self.features_dtype)
-        self._packet(link, "up", "features", packet)
-        self.sid, ex = self.client.open(packet)
-        self.books.exchange(ex)
-        self.seq, self.cloud_holds = 0, 0
+    def opened(self, link: Link, session_id: int, seq: int) -> tuple[int, int]:
+        if self.sid is None:
+            rule = self.s.rule
+            # WISV: the server holds the head; its tau travels in the temperature field, its rank cap in rank
+            temperature = rule.tau if rule.needs_hidden else getattr(rule, "temperature", 1.0)
+            packet = packets.open_packet(self.features, self.language, rule.name, getattr(rule, "r", 1),
+                                         temperature, self.s.seed, self.q_dtype, self.features_dtype)
+            self.post(link, "up", "features", packet)
+            self.sid, ex = self.client.open(packet)
+            self.books.exchange(ex)
+            self.seq, self.cloud_holds = 0, 0
+        return self.sid, self.seq + 1
 
-    # ---- the loop's hook ----
+    def verify(self, rnd: Round, eos: int) -> Answer:
+        ex = self.client.verify(self.sid, rnd.packet(self.rule, self.q_dtype))
+        self.books.exchange(ex, verify=True)
+        self.seq = rnd.seq
+        if self.rule.needs_hidden:
+            try:
+                kind, _, _ = packets.parse_header(ex.body)
+            except packets.PacketError as exc:
+                raise CloudUnavailable(f"unreadable answer: {exc}") from None
+            if kind == packets.MISMATCH:
+                try:
+                    sid, seq, asked = packets.parse_mismatch(ex.body)
+                except packets.PacketError as exc:
+                    raise CloudUnavailable(f"unreadable MISMATCH: {exc}") from None
+                if sid != self.sid or seq != self.seq or any(not 0 <= i < len(rnd.block) for i in asked):
+                    raise CloudUnavailable(f"MISMATCH for session {sid} seq {seq} positions {asked} does not "
+                                           f"answer session {self.sid} seq {self.seq}")
+                return Answer(None, ex.body, asked)
+        return self._verdict(ex.body, rnd)
+
+    def hidden(self, rnd: Round, asked: list[int], eos: int) -> Answer:
+        answer = self.client.hidden(self.sid, rnd.hidden_packet(asked))
+        self.books.exchange(answer)
+        return self._verdict(answer.body, rnd)
+
+    def _verdict(self, body: bytes, rnd: Round) -> Answer:
+        try:
+            sid, seq, accepted, token = packets.parse_verdict(body)
+        except packets.PacketError as exc:
+            raise CloudUnavailable(f"unreadable verdict: {exc}") from None
+        if sid != self.sid or seq != self.seq or accepted > len(rnd.block):
+            raise CloudUnavailable(f"verdict for session {sid} seq {seq} ({accepted} accepted) does not answer "
+                                   f"session {self.sid} seq {self.seq}")
+        return Answer(Verdict(accepted, token, accepted < len(rnd.block)), body)  # the ranks stay with the cloud
+
+    # ---- the loop's hook: a failing cloud leaves the block on the edge ----
     def round(self, link: Link, session_id: int, seq: int, committed: list[int], block: Block, eos: int,
               bits: int) -> Verdict | None:
         if self.down:
@@ -73,7 +109,9 @@ class RemoteCloud:
         reopened = False
         while True:
             try:
-                return self._verify(link, committed, block, bits)
+                verdict = self.exchange(link, session_id, seq, committed, block, eos, bits)
+                self.failures = 0
+                return verdict
             except CloudRefused as exc:
                 if exc.status == 401:
                     raise  # a wrong token is the user's to fix, not something to degrade around
@@ -84,60 +122,6 @@ class RemoteCloud:
                 return self._fail(str(exc))
             except CloudUnavailable as exc:
                 return self._fail(str(exc))
-
-    def _verify(self, link: Link, committed: list[int], block: Block, bits: int) -> Verdict:
-        if self.sid is None:
-            self._open(link)
-        sync = committed[self.cloud_holds:]
-        rule = self.s.rule
-        protocol = wisv_protocol(rule, self.rate, link, block, bits) if rule.needs_hidden else None
-        packet = packets.verify_packet(self.sid, self.seq + 1, sync, block.tokens, bits) + round_payload(
-            rule, self.sid, self.seq + 1, block, protocol, csi_of(link) if rule.needs_hidden else None, self.q_dtype)
-        self._packet(link, "up", "verify", packet)
-        ex = self.client.verify(self.sid, packet)
-        self.books.exchange(ex, verify=True)
-        self.seq += 1
-        asked: list[int] = []
-        if rule.needs_hidden:
-            ex, asked = self._wisv_answer(link, block, ex)
-        try:
-            sid, seq, accepted, token = packets.parse_verdict(ex.body)
-        except packets.PacketError as exc:
-            raise CloudUnavailable(f"unreadable verdict: {exc}") from None
-        if sid != self.sid or seq != self.seq or accepted > len(block):
-            raise CloudUnavailable(f"verdict for session {sid} seq {seq} ({accepted} accepted) does not answer "
-                                   f"session {self.sid} seq {self.seq}")
-        self._packet(link, "down", "verdict", ex.body)
-        self.books.synced(len(sync))
-        self.cloud_holds = len(committed) + accepted
-        self.failures = 0
-        if rule.needs_hidden:
-            self.rate.learn(len(block), accepted, asked)
-        return Verdict(accepted, token, accepted < len(block))  # the ranks stay with the cloud
-
-    def _wisv_answer(self, link: Link, block: Block, ex):
-        """A MISMATCH answer (selective protocol): send the states it names. Returns the exchange that
-        holds the VERDICT and the positions the cloud asked about (none when it asked nothing)."""
-        try:
-            kind, _, _ = packets.parse_header(ex.body)
-        except packets.PacketError as exc:
-            raise CloudUnavailable(f"unreadable answer: {exc}") from None
-        if kind != packets.MISMATCH:
-            return ex, []
-        try:
-            sid, seq, asked = packets.parse_mismatch(ex.body)
-        except packets.PacketError as exc:
-            raise CloudUnavailable(f"unreadable MISMATCH: {exc}") from None
-        if sid != self.sid or seq != self.seq or any(not 0 <= i < len(block) for i in asked):
-            raise CloudUnavailable(f"MISMATCH for session {sid} seq {seq} positions {asked} does not answer "
-                                   f"session {self.sid} seq {self.seq}")
-        self._packet(link, "down", "mismatch", ex.body)
-        packet = hidden_upload(self.sid, self.seq, block, asked)
-        self._packet(link, "up", "hidden", packet)
-        answer = self.client.hidden(self.sid, packet)
-        self.books.exchange(answer)
-        self.books.hidden_request()
-        return answer, asked
 
     def _fail(self, reason: str) -> None:
         """The block stays on the edge; the session is given up (its cache may hold the block)."""

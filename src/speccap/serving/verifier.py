@@ -266,12 +266,8 @@ class Verifier:
         self.stats["verified_tokens"] += n_draft
 
     def _judge(self, session, draft: list[int], edge_hidden: list, csi):
-        """WISV's verdict on the round's forward (rows and cloud states kept by the session), then
-        the cache cropped past the rejected self.tokens."""
-        verdict = session.cloud.rule.verify_hidden(list(draft), session.cloud.rows, edge_hidden,
-                                                   session.cloud.hidden, csi, self.eos)
-        session.cloud.conclude(draft, verdict)
-        return verdict
+        """WISV's verdict on the round's forward, the states it asked for in hand (CloudSession.judge)."""
+        return session.cloud.judge(draft, None, self.eos, edge_hidden, csi)
 
     def _wisv_tail(self, tail: bytes, sid: int, seq: int, n_draft: int):
         """The channel state and, with the full protocol, every draft token's hidden state."""

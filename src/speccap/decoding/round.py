@@ -1,0 +1,154 @@
+"""One verification round, as the edge sends it and hears back, the same over every transport.
+
+A `Round` is what goes up: the committed tokens the cloud's cache lacks (sync), the drafted block,
+and what the rule reads beside the tokens (draft distributions, WISV's channel state and hidden
+states), with the WISV upload protocol chosen for it; `Round.packet` gives its bytes. An `Answer`
+is what comes down: the verdict, or WISV's selective protocol's question first.
+
+`Transport.exchange` is the edge's side of a blocking round, written once: open the cloud's
+session if needed, build the round, send it, answer a question for hidden states, learn the
+mismatch rate, book the verdict. A transport only moves the bytes and books them on its clock:
+`CloudHalf` (decoding.halves) verifies in-process on the link model; `RemoteCloud`
+(serving.edge) posts the same packets to `speccap serve-cloud`, which judges them with the same
+`CloudSession` code. The pipelined loop, which overlaps rounds, sends the same `Round.packet`
+body behind its own header.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import packets
+from .ledger import Ledger
+from .link import Link
+from .stats import Block
+from .verify import Rule, Verdict
+from .wisv import csi_of
+from .wisv_upload import MismatchRate
+
+
+@dataclass(frozen=True)
+class Round:
+    """What the edge sends in one round."""
+
+    session_id: int
+    seq: int
+    sync: list[int]  # committed tokens the cloud's cache does not hold yet
+    prefix: list[int]  # the whole caption before the block (a cloud without a kept cache re-reads it)
+    block: Block
+    bits: int  # bits per token id on the wire
+    protocol: str | None = None  # WISV's upload protocol for this block ("full" | "selective")
+    csi: object = None  # WISV: the channel state the edge measured (decoding.decision_head.CSI)
+
+    def packet(self, rule: Rule, q_dtype: str = "float16") -> bytes:
+        """The VERIFY packet: the header with sync and draft ids, then `payload`."""
+        return packets.verify_packet(self.session_id, self.seq, self.sync, self.block.tokens, self.bits) + \
+            round_payload(rule, self.session_id, self.seq, self.block, self.protocol, self.csi, q_dtype)
+
+    def hidden_packet(self, positions) -> bytes:
+        return hidden_upload(self.session_id, self.seq, self.block, positions)
+
+
+@dataclass
+class Answer:
+    """What came back for a round: the verdict and its packet, or (WISV, selective protocol) the
+    draft positions whose hidden states the cloud asks for before it judges."""
+
+    verdict: Verdict | None
+    packet: bytes
+    asked: list[int] = field(default_factory=list)
+
+
+class Transport(ABC):
+    """The blocking loop's way to the cloud for one caption (engine.blocking_loop calls `round`).
+    Subclasses move the bytes: `opened` makes sure the cloud has the audio, `post` books a packet on
+    this transport's clock, `verify` and `hidden` carry a round and its hidden states to the cloud."""
+
+    q_dtype = "float16"
+
+    def __init__(self, rule: Rule, books: Ledger):
+        self.rule, self.books = rule, books
+        self.cloud_holds = 0  # committed caption tokens the cloud's cache holds
+        self.rate = MismatchRate()  # WISV's `auto` protocol chooses by it
+
+    @abstractmethod
+    def opened(self, link: Link, session_id: int, seq: int) -> tuple[int, int]:
+        """Open the cloud's session if it has none (sending the audio features); returns the
+        session id and sequence number this round goes under."""
+
+    @abstractmethod
+    def post(self, link: Link, direction: str, kind: str, packet: bytes) -> None:
+        """Book one packet that crosses the link."""
+
+    @abstractmethod
+    def verify(self, rnd: Round, eos: int) -> Answer:
+        """Carry the round to the cloud; its answer."""
+
+    @abstractmethod
+    def hidden(self, rnd: Round, asked: list[int], eos: int) -> Answer:
+        """Carry the hidden states the cloud asked for; its verdict."""
+
+    def observe(self, rnd: Round, verdict: Verdict) -> None:  # noqa: B027 - optional hook
+        """Told every concluded round (the in-process cloud hands trace collection its view)."""
+
+    def round(self, link: Link, session_id: int, seq: int, committed: list[int], block: Block, eos: int,
+              bits: int) -> Verdict | None:
+        """One blocking round; None when the cloud could not be reached (the loop keeps the block)."""
+        return self.exchange(link, session_id, seq, committed, block, eos, bits)
+
+    def exchange(self, link: Link, session_id: int, seq: int, committed: list[int], block: Block, eos: int,
+                 bits: int) -> Verdict:
+        """The edge's side of a round, the same for every transport."""
+        rule, books = self.rule, self.books
+        session_id, seq = self.opened(link, session_id, seq)
+        protocol = csi = None
+        if rule.needs_hidden:
+            d = next((h.shape[-1] for h in block.hidden if h is not None), 0)
+            protocol = self.rate.protocol(rule.protocol, link, len(block), d, bits)
+            csi = csi_of(link)
+        rnd = Round(session_id, seq, committed[self.cloud_holds:], committed, block, bits, protocol, csi)
+        self.post(link, "up", "verify", rnd.packet(rule, self.q_dtype))
+        answer = self.verify(rnd, eos)
+        # (an in-process verdict names the states it read whatever the protocol; only selective asks)
+        asked = answer.asked if protocol == "selective" or answer.verdict is None else []
+        if asked:  # the cloud asks for the states at its mismatches
+            self.post(link, "down", "mismatch", packets.mismatch_packet(session_id, seq, asked))
+            self.post(link, "up", "hidden", rnd.hidden_packet(asked))
+            answer = self.hidden(rnd, asked, eos)
+            books.hidden_request()
+        verdict = answer.verdict
+        books.synced(len(rnd.sync))
+        books.tolerated(verdict.tolerated)  # WISV's head, or an oracle over its allowance
+        if rule.needs_hidden:
+            self.rate.learn(len(block), verdict.accepted, asked)
+        self.observe(rnd, verdict)
+        self.post(link, "down", "verdict", answer.packet)
+        self.cloud_holds = len(committed) + verdict.accepted
+        return verdict
+
+
+def hidden_upload(session_id: int, seq: int, block: Block, positions) -> bytes:
+    """A HIDDEN packet with the edge's states at `positions` (an end-of-caption token has none)."""
+    pos = [i for i in positions if block.hidden[i] is not None]
+    h = torch.stack([block.hidden[i] for i in pos]).numpy() if pos else np.zeros((0, 0), np.float16)
+    return packets.hidden_packet(session_id, seq, pos, h)
+
+
+def round_payload(rule: Rule, session_id: int, seq: int, block: Block, protocol: str | None = None, csi=None,
+                  q_dtype: str = "float16") -> bytes:
+    """What rides after a round's header, the same in every loop and over every transport: the
+    draft distributions the rule reads (Q-S: its lattice; speculative sampling: dense rows in
+    `q_dtype`), and for WISV the channel state and, with the full protocol, every drafted token's
+    hidden state (the selective protocol sends those the cloud asks for later, `hidden_upload`)."""
+    out = b""
+    if rule.needs_q:
+        out += rule.q_payload(block.q) if rule.edge_distribution is not None else packets.q_payload(block.q, q_dtype)
+    if rule.needs_hidden:
+        out += packets.csi_payload(csi.uplink_mbps, csi.downlink_mbps, csi.rtt_ms, csi.per)
+        if protocol == "full":
+            out += hidden_upload(session_id, seq, block, range(len(block)))
+    return out
