@@ -10,8 +10,8 @@ session if needed, build the round, send it, answer a question for hidden states
 mismatch rate, book the verdict. A transport only moves the bytes and books them on its clock:
 `CloudHalf` (decoding.halves) verifies in-process on the link model; `RemoteCloud`
 (serving.edge) posts the same packets to `speccap serve-cloud`, which judges them with the same
-`CloudSession` code. The pipelined loop, which overlaps rounds, sends the same `Round.packet`
-body behind its own header.
+`CloudSession` code, having read the payload back with `read_payload`. The pipelined loop, which
+overlaps rounds, sends the same payload behind its own header.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ import numpy as np
 import torch
 
 from . import packets
+from .decision_head import CSI
 from .ledger import Ledger
 from .link import Link
+from .qs import unpack_block
 from .stats import Block
 from .verify import Rule, Verdict
 from .wisv import csi_of
@@ -152,3 +154,52 @@ def round_payload(rule: Rule, session_id: int, seq: int, block: Block, protocol:
         if protocol == "full":
             out += hidden_upload(session_id, seq, block, range(len(block)))
     return out
+
+
+class MismatchedRound(ValueError):
+    """A well-formed round that does not fit the cloud: draft distributions over another
+    vocabulary, hidden states of another round or of positions outside the draft."""
+
+
+def read_payload(rule: Rule, tail: bytes, session_id: int, seq: int, n_draft: int, vocab: int,
+                 q_dtype: str = "float16"):
+    """What `round_payload` put after a VERIFY's token ids, as the rule reads it: (draft
+    distributions, channel state, edge hidden states), each None where the rule takes none.
+    Raises packets.PacketError for bytes that do not parse, MismatchedRound for bytes that parse
+    but belong to another vocabulary or round."""
+    if rule.needs_hidden:  # WISV: the channel state, then the full protocol's states (or none)
+        try:
+            values, rest = packets.parse_csi(tail)
+            csi = CSI(*values)
+        except (packets.PacketError, ValueError) as exc:
+            raise packets.PacketError(f"bad channel state in a wisv VERIFY: {exc}") from None
+        if not rest:
+            return None, csi, None
+        try:
+            h_sid, h_seq, positions, states = packets.parse_hidden(rest)
+        except packets.PacketError as exc:
+            raise packets.PacketError(f"malformed HIDDEN packet after the channel state: {exc}") from None
+        if (h_sid, h_seq) != (session_id, seq) or any(not 0 <= i < n_draft for i in positions):
+            raise MismatchedRound(f"HIDDEN packet for session {h_sid} round {h_seq} positions {positions} does "
+                                  f"not belong to this VERIFY (session {session_id} round {seq}, {n_draft} tokens)")
+        return None, csi, states_by_position(positions, states, n_draft)
+    if rule.needs_q:
+        try:
+            if rule.edge_distribution is not None:  # qs / sq: the sparse lattice points
+                rule.level, q = unpack_block(tail, n_draft, vocab)
+            else:
+                q = [torch.from_numpy(r).float() for r in packets.parse_q(tail, n_draft, vocab, q_dtype)]
+        except packets.PacketError as exc:
+            raise MismatchedRound(f"{exc} (is the edge's vocabulary the cloud's?)") from None
+        return q, None, None
+    if tail:
+        raise packets.PacketError(f"{len(tail)} unexpected bytes after the token ids")
+    return None, None, None
+
+
+def states_by_position(positions: list[int], states, n_draft: int) -> list:
+    """A HIDDEN packet's states as the rule takes them: one per draft position, None where not sent."""
+    hidden = [None] * n_draft
+    for i, h in zip(positions, states):
+        hidden[i] = torch.from_numpy(np.asarray(h, dtype=np.float32))
+    return hidden

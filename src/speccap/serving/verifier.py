@@ -9,8 +9,6 @@ import time
 from dataclasses import asdict
 
 import anyio
-import numpy as np
-import torch
 from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
@@ -18,9 +16,8 @@ from starlette.requests import ClientDisconnect
 from ..decoding import packets
 from ..decoding.cloud import CloudSession
 from ..decoding.cost import timed
-from ..decoding.decision_head import CSI
 from ..decoding.gather import Gather
-from ..decoding.qs import unpack_block
+from ..decoding.round import MismatchedRound, read_payload, states_by_position
 from ..decoding.rules import make_rule
 from ..decoding.wisv import WISV
 from ..models.base import AudioLM
@@ -158,7 +155,12 @@ class Verifier:
             if session.pending is not None:
                 raise ServingError(409, f"session {sid} waits for the HIDDEN packet of round {session.pending[0]}")
             rule = session.cloud.rule
-            q, csi, hidden = self._round_inputs(session, tail, sid, seq, len(draft))
+            try:
+                q, csi, hidden = read_payload(rule, tail, sid, seq, len(draft), self.vocab, session.q_dtype)
+            except MismatchedRound as exc:
+                raise ServingError(422, str(exc)) from None
+            except packets.PacketError as exc:
+                raise ServingError(400, str(exc)) from None
             t0 = time.perf_counter()
             queued = {}
 
@@ -190,26 +192,6 @@ class Verifier:
         return Response(out, media_type="application/octet-stream",
                         headers={"X-Speccap-Compute": f"{compute:.6f}", "X-Speccap-Queue": f"{queued['s']:.6f}"})
 
-    def _round_inputs(self, session, tail: bytes, sid: int, seq: int, n_draft: int):
-        """What the VERIFY packet carries after its token ids, as the session's rule reads it:
-        (q rows, channel state, edge hidden states), each None where the rule takes none."""
-        rule = session.cloud.rule
-        if rule.needs_hidden:  # wisv: the channel state, then the full protocol's states (or none)
-            return (None, *self._wisv_tail(tail, sid, seq, n_draft))
-        if rule.needs_q:
-            try:
-                if rule.edge_distribution is not None:  # qs / sq: the sparse lattice points
-                    rule.level, q = unpack_block(tail, n_draft, self.vocab)
-                else:
-                    q = [torch.from_numpy(r).float() for r in packets.parse_q(tail, n_draft, self.vocab,
-                                                                               session.q_dtype)]
-            except packets.PacketError as exc:
-                raise ServingError(422, f"{exc} (is the edge's vocabulary the cloud's?)") from None
-            return q, None, None
-        if tail:
-            raise ServingError(400, f"{len(tail)} unexpected bytes after the token ids")
-        return None, None, None
-
     async def hidden_states(self, sid: int, request: Request):
         """WISV's selective protocol, second half: the edge's states at the positions the MISMATCH
         named; the round concludes and the VERDICT comes back."""
@@ -229,7 +211,7 @@ class Verifier:
             _, draft, csi, asked = pending
             if sorted(positions) != sorted(asked):
                 raise ServingError(422, f"HIDDEN packet holds positions {positions}, the cloud asked for {asked}")
-            edge_hidden = self._states(positions, states, len(draft))
+            edge_hidden = states_by_position(positions, states, len(draft))
             t0 = time.perf_counter()
             try:
                 verdict, dt = await self.in_thread(lambda: timed(self._judge, session, draft, edge_hidden, csi))
@@ -252,13 +234,6 @@ class Verifier:
         log.exception("verification failed in session %d; session closed", sid)
         return ServingError(500, f"verification failed ({type(exc).__name__}); session {sid} closed, open a new one")
 
-    def _states(self, positions: list[int], states, n_draft: int) -> list:
-        """A HIDDEN packet's states as the rule takes them: one per draft position, None where not sent."""
-        hidden = [None] * n_draft
-        for i, h in zip(positions, states):
-            hidden[i] = torch.from_numpy(np.asarray(h, dtype=np.float32))
-        return hidden
-
     def _count_round(self, session, n_draft: int) -> None:
         session.rounds += 1
         session.verified_tokens += n_draft
@@ -268,24 +243,6 @@ class Verifier:
     def _judge(self, session, draft: list[int], edge_hidden: list, csi):
         """WISV's verdict on the round's forward, the states it asked for in hand (CloudSession.judge)."""
         return session.cloud.judge(draft, None, self.eos, edge_hidden, csi)
-
-    def _wisv_tail(self, tail: bytes, sid: int, seq: int, n_draft: int):
-        """The channel state and, with the full protocol, every draft token's hidden state."""
-        try:
-            values, rest = packets.parse_csi(tail)
-            csi = CSI(*values)
-        except (packets.PacketError, ValueError) as exc:
-            raise ServingError(400, f"bad channel state in a wisv VERIFY: {exc}") from None
-        if not rest:
-            return csi, None
-        try:
-            h_sid, h_seq, positions, states = packets.parse_hidden(rest)
-        except packets.PacketError as exc:
-            raise ServingError(400, f"malformed HIDDEN packet after the channel state: {exc}") from None
-        if (h_sid, h_seq) != (sid, seq) or any(not 0 <= i < n_draft for i in positions):
-            raise ServingError(422, f"HIDDEN packet for session {h_sid} round {h_seq} positions {positions} does "
-                                    f"not belong to this VERIFY (session {sid} round {seq}, {n_draft} self.tokens)")
-        return csi, self._states(positions, states, n_draft)
 
     async def close_session(self, sid: int, request: Request):
         client = self.client_of(request)
