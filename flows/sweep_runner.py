@@ -60,8 +60,7 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
         on_dask = run_on_dask(params, params_path, [(c, keys[c], clips_of[c]) for c in configs], runs_dir)
         _POOL["pool"] = None
     else:
-        _POOL["pool"] = Pool(params_path, params.sweep.workers, params.sweep.threads, stage=stage,
-                             batch=params.sweep.batch)
+        _POOL["pool"] = Pool.for_stage(params, params_path, stage)
     try:
         with tracker.sweep(f"{stage}-sweep-{sweep_key}", sweep_params, {"sweep_key": sweep_key, "stage": stage}) as parent:
             summary["parent_run_id"] = parent

@@ -23,8 +23,7 @@ REPORT = Path("reports/trace_refs.json")
 def trace_refs_flow(params_path: str | None = None) -> dict:
     params = load_params(params_path)
     total = count_cloud_captions(params)
-    pool = Pool(params_path, params.sweep.workers, params.sweep.threads, stage="trace_refs",
-                batch=params.sweep.batch) if total else None
+    pool = Pool.for_stage(params, params_path, "trace_refs") if total else None
     bar = tqdm(total=total, desc="cloud references", unit="clip", disable=not total)
     try:
         report = build_trace_refs(params, pool, progress=bar.update)

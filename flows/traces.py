@@ -28,8 +28,7 @@ SUMMARY = Path("reports/traces.json")
 def traces_flow(params_path: str | None = None) -> dict:
     params = load_params(params_path)
     total = sum(len(trace_clips(params, s, lang)) for s in ("train", "val") for lang in params.data.languages)
-    pool = Pool(params_path, params.sweep.workers, params.sweep.threads, fn=shadow_one, stage="traces",
-                batch=params.sweep.batch)
+    pool = Pool.for_stage(params, params_path, "traces", fn=shadow_one)
     bar = tqdm(total=total, desc="traces", unit="clip")
     try:
         tables = collect(params, pool, TRACE_DIR, progress=bar.update)

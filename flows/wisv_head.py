@@ -68,8 +68,7 @@ def _own_traces(params, params_path, settings) -> dict:
     judged by the cloud finishing (data/wisv_traces, resumable)."""
     w = params.wisv
     total = sum(len(trace_clips(params, s, lang, w.traces)) for s in ("train", "val") for lang in params.data.languages)
-    pool = Pool(params_path, params.sweep.workers, params.sweep.threads, fn=trace_one, stage="wisv_head",
-                batch=params.sweep.batch)
+    pool = Pool.for_stage(params, params_path, "wisv_head", fn=trace_one)
     bar = tqdm(total=total, desc="wisv traces", unit="clip")
     try:
         tables = collect(params, pool, WISV_TRACE_DIR, progress=bar.update, settings=settings, counts=w.traces)

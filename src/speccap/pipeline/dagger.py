@@ -62,8 +62,7 @@ def dagger_rounds(params: Params, params_path: str | None, train: pd.DataFrame, 
     for k in range(1, params.gates.dagger.rounds + 1):
         name = round_gate(result)
         settings, model = round_settings(params, name)
-        pool = Pool(params_path, params.sweep.workers if workers is None else workers, params.sweep.threads,
-                    fn=dagger_one, stage="gates", batch=params.sweep.batch)
+        pool = Pool.for_stage(params, params_path, "gates", fn=dagger_one, workers=workers)
         try:
             tables = collect(params, pool, out_dir / f"round{k}", progress=progress, settings=settings, counts=counts)
         finally:

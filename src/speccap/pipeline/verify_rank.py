@@ -102,8 +102,7 @@ def choose_verify_rank(params: Params, params_path: str | None, gates_json: dict
         return out
     gate_sha = hashlib.sha256(gate_path(params, name).read_bytes()).hexdigest()[:12]
     models_fp = models_fingerprint(params)
-    pool = Pool(params_path, params.sweep.workers if workers is None else workers, params.sweep.threads,
-                stage="gates", batch=params.sweep.batch)
+    pool = Pool.for_stage(params, params_path, "gates", workers=workers)
     try:
         for lang in params.data.languages:
             clips = validation_clips(params, lang)

@@ -192,6 +192,14 @@ class Pool:
         job = partial(run_one, self.fn) if batch <= 1 else partial(run_chunk, self.fn, batch)
         self.pool = WorkerPool(job, workers, stage=stage, initializer=_init_worker, initargs=(params_path, threads))
 
+    @classmethod
+    def for_stage(cls, params: Params, params_path: str | None, stage: str, fn=None,
+                  workers: int | None = None) -> Pool:
+        """A stage's pool as params set it: `sweep.workers` processes (or `workers`) of
+        `sweep.threads` threads, each running `sweep.batch` captions at once."""
+        sw = params.sweep
+        return cls(params_path, sw.workers if workers is None else workers, sw.threads, fn, stage, sw.batch)
+
     def imap(self, jobs):
         if self.batch <= 1:
             return self.pool.imap_unordered(jobs, key=job_name)
