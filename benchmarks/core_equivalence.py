@@ -10,7 +10,9 @@ processes, and compares what they return:
   `generate()`, the shadow labels' edge trajectory, one shadow-labelled clip, one traced clip;
 - speculative loops: every record field of ten decoders (blocking at decode's settings, adaptive L,
   greedy, speculative sampling, Q-S, pipelined, the oracle at a budget, token gates alone and
-  pending, no cloud cache), and WISV (auto upload, the trained head) on three channels.
+  pending, no cloud cache), and WISV (auto upload, the trained head) on three channels;
+- and, in the working tree alone, the networked edge against the in-process loop (every decoder a
+  served cloud runs, WISV with each upload protocol): every count and packet equal.
 Clocks are charged by one fixed cost model, so every clock field is compared; only measured process
 fields (wall time, model time, CPU and RAM) are left out. Needs the trained models (`dvc repro train`)
 and, for WISV, the trained head (`dvc repro wisv_head`).
@@ -37,6 +39,15 @@ def _record(rec) -> list:
     return sorted((k, v) for k, v in vars(rec).items() if k not in MEASURED)
 
 
+def _specs() -> dict:
+    from speccap.decoding.build import DecodeSpec
+    return {"blocking": DecodeSpec(), "adaptive-L": DecodeSpec(block_len=0), "greedy": DecodeSpec(rule="greedy", rank=1),
+            "spec-sampling": DecodeSpec(gate="always", rule="spec_sampling", temperature=1.0),
+            "qs": DecodeSpec(gate="always", rule="qs", temperature=1.0), "pipelined": DecodeSpec(in_flight=2),
+            "oracle-k2": DecodeSpec(gate="always", corrections=2), "token-alone": DecodeSpec(token="alone"),
+            "token-pending": DecodeSpec(token="pending"), "no-cloud-cache": DecodeSpec(cloud_cache=False)}
+
+
 def dump(n_clips: int, out: str) -> None:
     """Run every decoder (with whatever speccap is importable) and pickle {name: result}."""
     sys.path.insert(0, str(Path(__file__).parent))
@@ -55,11 +66,7 @@ def dump(n_clips: int, out: str) -> None:
     params = load_params()
     edge, cloud, clips = models_and_test_clips(params, n_clips, 1)
     cost = CostModel({r: {"prefill": [0.01, 1e-4], "extend": [2e-3, 1e-3, 1e-6]} for r in ("edge", "cloud")})
-    specs = {"blocking": DecodeSpec(), "adaptive-L": DecodeSpec(block_len=0), "greedy": DecodeSpec(rule="greedy", rank=1),
-             "spec-sampling": DecodeSpec(gate="always", rule="spec_sampling", temperature=1.0),
-             "qs": DecodeSpec(gate="always", rule="qs", temperature=1.0), "pipelined": DecodeSpec(in_flight=2),
-             "oracle-k2": DecodeSpec(gate="always", corrections=2), "token-alone": DecodeSpec(token="alone"),
-             "token-pending": DecodeSpec(token="pending"), "no-cloud-cache": DecodeSpec(cloud_cache=False)}
+    specs = _specs()
     head = cached_head(params, {}) if head_path(params).exists() else None
     out_d: dict[str, object] = {}
     for i, (meta, lang, mel) in enumerate(clips):
@@ -87,6 +94,61 @@ def dump(n_clips: int, out: str) -> None:
                 s = build_decoder(spec, head=head, link=Link(LinkConfig(**kw)), vocab=edge.vocab_size)
                 out_d[f"wisv {channel}/{tag}"] = _record(speculative(edge, cloud, mel, lang, s, Link(LinkConfig(**kw))))
     Path(out).write_bytes(pickle.dumps(out_d))
+
+
+# the decoders a served cloud runs (the server caches, always, and knows no correction budget)
+NETWORKED = ("blocking", "adaptive-L", "greedy", "spec-sampling", "qs", "token-alone", "token-pending")
+# what the networked edge books as the in-process loop does (its clocks are measured round trips, and
+# the tolerated mismatches stay with the server)
+COUNTS = ("token_ids", "drafted", "rounds", "transmitted", "synced", "accepted", "corrected", "bonus",
+          "hidden_requests", "edge_fed", "position_checked", "position_accepted")
+
+
+def networked(n_clips: int) -> dict[str, list[int]]:
+    """The working tree's networked edge against its in-process loop: a verifier server on loopback
+    (`create_app` with the trained WISV head, a real socket), features in float32, q rows in float16
+    as in-process. Per decoder: [clips, clips with every count and every packet (direction, kind,
+    bytes; the OPEN packet aside) equal]."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from common import models_and_test_clips
+
+    from speccap.config import LinkConfig, load_params
+    from speccap.decoding.build import DecodeSpec, build_decoder
+    from speccap.decoding.engine import speculative
+    from speccap.decoding.link import Link
+    from speccap.pipeline.saved import cached_head, head_path
+    from speccap.serving.client import VerifierClient
+    from speccap.serving.edge import caption_remote, check_compatible
+    from speccap.serving.server import BackgroundServer, create_app
+
+    params = load_params()
+    edge, cloud, clips = models_and_test_clips(params, n_clips, 1)
+    head = cached_head(params, {}) if head_path(params).exists() else None
+    specs = {name: spec for name, spec in _specs().items() if name in NETWORKED}
+    if head is not None:
+        specs |= {f"wisv {p}": DecodeSpec(gate="always", rule="wisv", wisv_protocol=p) for p in ("full", "selective", "auto")}
+    token = "core-equivalence"
+
+    def books(rec) -> tuple:
+        sent = [(p["dir"], p["kind"], p["bytes"]) for p in rec.packets if p["kind"] != "features"]
+        return tuple(getattr(rec, k) for k in COUNTS) + (sent,)
+    out: dict[str, list[int]] = {}
+    with BackgroundServer(create_app(cloud, {token: "bench"}, wisv_head=head)) as srv, \
+            VerifierClient(srv.url, token) as client:
+        info = client.info()
+        check_compatible(edge, info)
+        for i, (_, lang, mel) in enumerate(clips):
+            for name, spec in specs.items():
+                spec = spec.replace(seed=i)
+                ref = speculative(edge, cloud, mel, lang, build_decoder(spec, head=head, link=Link(LinkConfig()),
+                                                                        vocab=edge.vocab_size), Link(LinkConfig()))
+                got = caption_remote(edge, client, info, mel, lang,
+                                     build_decoder(spec, link=Link(LinkConfig()), vocab=edge.vocab_size),
+                                     Link(LinkConfig()), "float32", "float16")
+                row = out.setdefault(name, [0, 0])
+                row[0] += 1
+                row[1] += books(got) == books(ref) and got.network["fallback"] == 0
+    return out
 
 
 def _run(src: Path, n_clips: int, out: Path) -> None:
@@ -122,6 +184,16 @@ def markdown(r: dict) -> str:
         diff = r["differences"].get(name, [])
         lines.append(f"| {name} | {n} | {'all' if not diff else f'{n - len(diff)} of {n}'} |")
     lines.append(f"\nEvery record's token ids the same: {'yes' if r['same_captions'] else 'NO'}.")
+    if r.get("networked"):
+        lines += ["\n## Networked = in-process (the working tree)\n",
+                  "The networked edge (`speccap.serving.edge`, a verifier server on loopback with the trained WISV "
+                  "head) against the in-process loop on the same clips: every count (" + ", ".join(COUNTS) + ") "
+                  "and every packet's direction, kind and size equal (the OPEN packet, which carries what the "
+                  "in-process FEATURES packet does plus the rule, aside), and no fallback. Features travel in "
+                  "float32 here, so the cloud reads what it reads in-process.\n",
+                  "| decoder | clips | equal |", "| --- | --- | --- |"]
+        for name, (n, same) in r["networked"].items():
+            lines.append(f"| {name} | {n} | {'all' if same == n else f'{same} of {n}'} |")
     if r["differences"]:
         lines.append("\nWhere they differ (clip: fields):\n")
         for name, rows in r["differences"].items():
@@ -158,7 +230,8 @@ def main() -> None:
     records = [k for k in after if isinstance(after[k], list)]
     same_captions = all(dict(before[k]).get("token_ids") == dict(after[k]).get("token_ids") for k in records)
     r = {"command": portable_command(), "base": base, "clips_per_language": args.clips, "decoders": decoders,
-         "same_captions": same_captions, "differences": _differences(before, after)}
+         "same_captions": same_captions, "differences": _differences(before, after),
+         "networked": networked(args.clips)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
