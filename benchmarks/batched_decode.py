@@ -1,4 +1,4 @@
-"""The batching executor (speccap.decoding.lockstep) beside the single one, on the decode stage's
+"""The batching executor (speccap.batching.lockstep) beside the single one, on the decode stage's
 configurations, in one run.
 
     python benchmarks/batched_decode.py [--clips 50] [--batch 8 32] [--threads 1]   # where the pipeline ran

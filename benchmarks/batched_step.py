@@ -1,4 +1,4 @@
-"""Many captions per forward (speccap.models.batched_step) against one caption per forward, side by side.
+"""Many captions per forward (speccap.batching.batched_step) against one caption per forward, side by side.
 
 A Qwen2.5-Omni thinker's text decoder with random weights, at a real size (the 3B or 7B thinker's
 text shapes; its audio tower is kept minimal: only decoding is timed here, not the audio prefill) or
@@ -33,8 +33,8 @@ from transformers import DynamicCache
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from speccap.batching.batched_step import BatchedCache, BatchedStep  # noqa: E402
 from speccap.config import ThinkerSize  # noqa: E402
-from speccap.models.batched_step import BatchedCache, BatchedStep  # noqa: E402
 from speccap.models.configs import SpecialIds, build_model  # noqa: E402
 from speccap.models.fast_step import FastStep  # noqa: E402
 

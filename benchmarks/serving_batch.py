@@ -9,7 +9,7 @@ cloud of the pipeline (models/cloud); `--clients` edge clients (threads here, sh
 caption `--per-client` clips each at once, every block escalated (gate `always`, the default L and
 rule) so that the verifier is the load. The serialized server verifies one request at a time
 (`--compute-slots 1`); the batching one gathers the concurrent sessions' calls over `--window-ms`
-into one forward (speccap.decoding.gather). Per server: verifications per second, p50 / p99 of a
+into one forward (speccap.batching.gather). Per server: verifications per second, p50 / p99 of a
 verification's round trip, captions equal to the in-process loop's.
 
 Run where the pipeline has run (models/, data/processed/). Writes <out>.json and <out>.md.

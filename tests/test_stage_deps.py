@@ -26,9 +26,9 @@ def test_an_edit_of_the_model_code_reruns_every_stage_that_decodes():
     for stage in DECODING_STAGES:
         deps = declared[stage]
         # the loops, the batching executor and the rows it steps (some imported inside functions only)
-        for code in ("src/speccap/models/fast_step.py", "src/speccap/models/batched_step.py",
-                     "src/speccap/models/row_pool.py", "src/speccap/decoding/engine.py",
-                     "src/speccap/decoding/halves.py", "src/speccap/decoding/lockstep.py"):
+        for code in ("src/speccap/models/fast_step.py", "src/speccap/batching/batched_step.py",
+                     "src/speccap/batching/row_pool.py", "src/speccap/decoding/engine.py",
+                     "src/speccap/decoding/halves.py", "src/speccap/batching/lockstep.py"):
             assert any(code == d or code.startswith(d + "/") for d in deps), (stage, code)
     assert "src/speccap/models/fast_step.py" not in declared["report"]
 

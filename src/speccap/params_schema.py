@@ -286,7 +286,7 @@ class SweepParams:
     detail_clips: Int = 0
     workers: NonNeg = 2  # processes, each with the models loaded once
     threads: Count = 1  # torch threads per worker
-    # captions each worker decodes at once through the batching executor (decoding.lockstep), their
+    # captions each worker decodes at once through the batching executor (batching.lockstep), their
     # model calls packed into one forward per model per step; 1 = one caption at a time. Above 1 the
     # clocks are charged by decode.cost (a shared forward's seconds are no caption's own)
     batch: Count = 1

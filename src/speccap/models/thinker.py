@@ -139,7 +139,7 @@ def prefill(lm: ThinkerLM, clips: list[tuple[np.ndarray, str]], hidden: bool = F
     """The audio encoder and prompt of every (features (n_mels, frames), language) in one forward,
     padded to the longest; with `hidden`, every layer's states are kept (the last one's at each
     prompt's end is what a token gate reads before the first token). One clip is a session's start;
-    many are a batch prefill (models.row_pool), equal to their starts alone within float rounding."""
+    many are a batch prefill (batching.row_pool), equal to their starts alone within float rounding."""
     model, dev = lm.model, lm.device
     feats = [np.asarray(f, np.float32) for f, _ in clips]
     for f in feats:

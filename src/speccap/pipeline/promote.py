@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import statistics
 
+from ..batching.lockstep import decode_all
 from ..config import Params, gate_decode
 from ..data.featurize import load_clip_features
 from ..decoding.build import DecodeSpec, build_decoder
 from ..decoding.engine import speculative
 from ..decoding.link import Link
-from ..decoding.lockstep import decode_all
 from ..metrics.bootstrap import bleu1_emotion
 from ..metrics.caption import score_captions
 from .trace_refs import training_clips

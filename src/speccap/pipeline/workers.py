@@ -4,7 +4,7 @@ configuration. Each process loads the edge and cloud once (the pool's initialize
 
 A job function takes the models as its first argument, a `Worker`, and one job: `fn(worker, job)`
 (caption_one here, the trace jobs in pipeline.traces). With `batch` > 1 a worker takes jobs in
-chunks and runs a chunk's jobs together through the batching executor (decoding.lockstep): the
+chunks and runs a chunk's jobs together through the batching executor (batching.lockstep): the
 `Worker` they are given then holds the executor's stepped models, so each job function decodes
 batched without knowing it."""
 
@@ -16,13 +16,13 @@ from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
 
+from ..batching.lockstep import Lockstep
 from ..config import Params, load_params
 from ..data.featurize import load_clip_features
 from ..decoding.build import DecodeSpec, build_decoder
 from ..decoding.cost import CostModel
 from ..decoding.engine import cloud_only, edge_only, speculative
 from ..decoding.link import Link
-from ..decoding.lockstep import Lockstep
 from ..decoding.relink import link_log
 from ..fanout import WorkerPool
 from .saved import cached_head, load_gate

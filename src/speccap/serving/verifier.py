@@ -13,10 +13,10 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
+from ..batching.gather import Gather
 from ..decoding import packets
 from ..decoding.cloud import CloudSession
 from ..decoding.cost import timed
-from ..decoding.gather import Gather
 from ..decoding.round import MismatchedRound, read_payload, states_by_position
 from ..decoding.rules import make_rule
 from ..decoding.wisv import WISV
@@ -56,7 +56,7 @@ class Verifier:
     and the counters) and its endpoints as methods. `compute_slots`: model calls run at once (each
     in a worker thread; 1 serializes them, which is what one CPU model wants). `batch` > 1: the
     model calls of up to `batch` concurrent requests, gathered over `batch_window_ms`, run as one
-    forward (decoding.gather; a model whose sessions cannot share a step runs them `batch` at a
+    forward (batching.gather; a model whose sessions cannot share a step runs them `batch` at a
     time). `wisv_head`: the WISV decision head sessions with the wisv rule judge with."""
 
     def __init__(self, lm: AudioLM, tokens: dict[str, str], limits: Limits, compute_slots: int = 1,

@@ -18,8 +18,8 @@ import time
 from concurrent.futures import Future
 
 from ..models.base import AudioLM
-from ..models.row_pool import RowPool
 from .lockstep import step_all, stepped
+from .row_pool import RowPool
 
 
 class Gather:

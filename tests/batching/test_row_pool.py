@@ -1,14 +1,14 @@
-"""Sessions as rows of one batched cache (models.row_pool): a batch prefill starts every clip as
+"""Sessions as rows of one batched cache (batching.row_pool): a batch prefill starts every clip as
 `ThinkerLM.start` does alone, and each row then extends as its own session does."""
 
 import numpy as np
 import pytest
 import torch
 
+from speccap.batching.row_pool import RowPool, batchable
 from speccap.models import language_mask
-from speccap.models.row_pool import RowPool, batchable
 
-from .conftest import tiny_lm
+from ..models.conftest import tiny_lm
 
 CLIPS = [(230, "en"), (120, "zh"), (310, "en")]
 

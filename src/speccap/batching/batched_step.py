@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fast_step import FastStep
+from ..models.fast_step import FastStep
 
 
 class BatchedCache:

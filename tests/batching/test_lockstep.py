@@ -1,4 +1,4 @@
-"""The batching executor (decoding.lockstep) against the single one: every loop decodes the same
+"""The batching executor (batching.lockstep) against the single one: every loop decodes the same
 captions with the same records when its model calls are packed with other captions' into shared
 forwards, and the loops' invariants hold batched."""
 
@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from speccap.batching.lockstep import Lockstep, SteppedLM, decode_all
 from speccap.config import LinkConfig
 from speccap.decoding.cost import CostModel
 from speccap.decoding.decision_head import DecisionHead
 from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, speculative
 from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
-from speccap.decoding.lockstep import Lockstep, SteppedLM, decode_all
 from speccap.decoding.policies import Fixed, UGSDAdaptive
 from speccap.decoding.rules import make_rule
 from speccap.decoding.verify import Rank

@@ -1,4 +1,4 @@
-"""Many sequences in one forward (models.batched_step) against each sequence's own step: the same
+"""Many sequences in one forward (batching.batched_step) against each sequence's own step: the same
 logits and hidden states within float rounding, and the same argmax, through ragged requests, rows
 sitting steps out, and per-row rollbacks."""
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from speccap.models.batched_step import BatchedCache, BatchedStep
+from speccap.batching.batched_step import BatchedCache, BatchedStep
 
-from .conftest import tiny_lm
+from ..models.conftest import tiny_lm
 
 # per step, per row: the tokens it asks for ([] sits the step out) or ("rollback", n)
 SCRIPT = [

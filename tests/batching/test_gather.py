@@ -1,4 +1,4 @@
-"""The verifier server's batching executor (decoding.gather): calls from many threads meet in one
+"""The verifier server's batching executor (batching.gather): calls from many threads meet in one
 forward, each caller gets its own rows, and one caller's bad input fails that caller only."""
 
 import threading
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from speccap.decoding.gather import Gather
+from speccap.batching.gather import Gather
 
 from ..models.conftest import tiny_lm
 

@@ -28,8 +28,8 @@ import torch
 from greenlet import getcurrent, greenlet
 
 from ..models.base import AudioLM, Session, StepOutput
-from ..models.row_pool import Prefilled, RowPool, batchable
 from ..models.thinker import step_output
+from .row_pool import Prefilled, RowPool, batchable
 
 
 class _Ask:

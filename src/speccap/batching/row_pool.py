@@ -8,7 +8,7 @@ is that row's length going down. Rows are handed out lowest first and a step run
 to the highest one asking, so a half-empty pool pays for the rows in use, not for its size.
 
 What a row computes is its sequence's own step within float rounding (tests/models/test_batched_step
-holds it); the executor that decides which requests meet in a step is decoding.lockstep.
+holds it); the executor that decides which requests meet in a step is batching.lockstep.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import fast_step
-from .base import AudioLM
+from ..models import fast_step
+from ..models.base import AudioLM
+from ..models.thinker import ThinkerLM, prefill
 from .batched_step import BatchedCache, BatchedStep
-from .thinker import ThinkerLM, prefill
 
 
 @dataclass
@@ -73,7 +73,7 @@ class RowPool:
             self.cache = BatchedCache(self.step, rows, _ROOM)
         self.free = list(range(rows))  # a heap: the lowest free row is handed out first
         # the verifier server's request threads roll rows back and free them while its executor's
-        # thread steps (decoding.gather): every use of the cache holds this (reentrant: a session
+        # thread steps (batching.gather): every use of the cache holds this (reentrant: a session
         # freed by the garbage collector in the middle of a step releases its row in that thread)
         self.lock = threading.RLock()
         self.steps = 0  # forwards run (one per `run`)
