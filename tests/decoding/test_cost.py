@@ -3,6 +3,7 @@ real model classes, and loops whose every clock is the same from run to run unde
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -35,6 +36,19 @@ def test_the_fit_recovers_a_known_cost_and_round_trips(tmp_path):
     (tmp_path / "half.json").write_text(json.dumps({"coef": {"edge": truth["edge"]}}))
     with pytest.raises(ValueError, match="no coefficients for cloud"):
         CostModel.load(tmp_path / "half.json")
+
+
+def test_a_charge_is_the_formula_every_time_and_params_share_one_model():
+    coef = {"edge": {"prefill": [0.01, 2e-4], "extend": [1e-3, 2e-4, 1e-6]},
+            "cloud": {"prefill": [0.02, 5e-4], "extend": [3e-3, 1e-4, 4e-6]}}
+    model = CostModel(coef)
+    w = Work("cloud", 3, 40)
+    first = model.seconds(w)
+    assert first == pytest.approx(3e-3 + 3e-4 + 4e-6 * 3 * 43)
+    assert model.seconds(Work("cloud", 3, 40)) == first and model.seconds(Work("cloud", 3, 41)) > first
+    params = SimpleNamespace(**{r: SimpleNamespace(**c) for r, c in coef.items()})
+    assert CostModel.from_params(params) is CostModel.from_params(params)  # one per set of coefficients
+    assert CostModel.from_params(params).coef == coef and CostModel.from_params(None) is None
 
 
 def test_calibration_times_every_kind_of_call_of_both_models(pair, audio):

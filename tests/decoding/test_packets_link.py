@@ -13,6 +13,16 @@ def test_id_bits_and_packing_roundtrip():
     assert len(data) == 7 and packets.unpack_ids(data, 5, 10) == ids
     with pytest.raises(packets.PacketError, match="does not fit"):
         packets.pack_ids([1024], 10)
+    with pytest.raises(packets.PacketError, match="token id -1 does not fit"):
+        packets.pack_ids([3, -1], 10)
+    # fields big-endian one after another, the last byte zero-padded: 0b1 0b10 0b11 0b100 in 3 bits
+    assert packets.pack_ids([1, 2, 3, 4], 3) == bytes([0b00101001, 0b11000000])
+    rng = np.random.default_rng(0)
+    for bits in (1, 7, 8, 9, 18):
+        for n in (1, 2, 5, 8, 40):
+            ids = rng.integers(0, 1 << bits, n).tolist()
+            data = packets.pack_ids(ids, bits)
+            assert len(data) == -(-n * bits // 8) and packets.unpack_ids(data, n, bits) == ids
 
 
 def test_packets_roundtrip_with_exact_sizes():

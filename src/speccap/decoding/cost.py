@@ -16,6 +16,7 @@ Coefficients are fitted by non-negative least squares, so no term ever gives a c
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -49,10 +50,16 @@ class CostModel:
 
     def __init__(self, coef: dict[str, dict[str, list[float]]]):
         self.coef = coef
+        # each call's charge, computed once: a caption charges the same few shapes of call again and
+        # again, and a dot product's setup costs more than the lookup
+        self._charged: dict[Work, float] = {}
 
     def seconds(self, w: Work) -> float:
-        c = self.coef[w.role]["prefill" if w.prefill else "extend"]
-        return float(np.dot(c, _features(w)))
+        s = self._charged.get(w)
+        if s is None:
+            c = self.coef[w.role]["prefill" if w.prefill else "extend"]
+            s = self._charged[w] = float(np.dot(c, _features(w)))
+        return s
 
     @classmethod
     def fit(cls, samples: list[tuple[Work, float]]) -> CostModel:
@@ -75,8 +82,8 @@ class CostModel:
         """params' `decode.cost` (None: the measured clock)."""
         if cost is None:
             return None
-        return cls({role: {"prefill": list(getattr(cost, role).prefill), "extend": list(getattr(cost, role).extend)}
-                    for role in ROLES})
+        return _shared(cls, tuple((role, tuple(getattr(cost, role).prefill), tuple(getattr(cost, role).extend))
+                                  for role in ROLES))
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
@@ -88,6 +95,13 @@ class CostModel:
         if missing:
             raise ValueError(f"cost model {path}: no coefficients for {', '.join(missing)}")
         return cls(data["coef"])
+
+
+@functools.lru_cache(maxsize=8)
+def _shared(cls, coef: tuple) -> CostModel:
+    """One model per set of coefficients: every caption of a run reads the same params, so they
+    share one (and its charges computed so far)."""
+    return cls({role: {"prefill": list(prefill), "extend": list(extend)} for role, prefill, extend in coef})
 
 
 def timed(fn, *args, work: Work | None = None):
