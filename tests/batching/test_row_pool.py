@@ -37,8 +37,11 @@ def test_a_batch_prefill_starts_each_clip_as_it_starts_alone():
         # the row's cache is the clip's: a ragged step extends each as its own session does
         toks = [5, 6, 7][: i + 1]
         want = alone.extend(toks).logits
-        have = language_mask.apply(pool.run([(got.row, toks)])[0][0][:, : lm.vocab_size].clone(), got.blocked)
+        have = pool.run([(got.row, toks)])[0][0]  # over the shared vocabulary, the language's ids blocked
+        assert have.shape == want.shape
+        assert torch.equal(have[:, got.blocked], torch.full_like(want[:, got.blocked], language_mask.BLOCKED_LOGIT))
         torch.testing.assert_close(have, want, atol=1e-4, rtol=1e-4)
+        assert pool.length(got.row) == int(pool.cache.lengths[got.row]) == alone.prompt_len + len(toks)
     pool.release(rows[0].row)
     assert pool.length(rows[0].row) == 0
     assert pool.prefill([(clips[0][0], "en", False)])[0].row == rows[0].row  # the lowest free row first
@@ -54,3 +57,18 @@ def test_a_bad_clip_or_model_is_named():
     assert not batchable(moe)
     with pytest.raises(ValueError, match="cannot share a batched step"):
         RowPool(moe, 2)
+
+
+def test_row_lengths_and_seconds_follow_every_step():
+    """The pool's lengths (read by every loop, never from the device) stay the cache's through runs,
+    rollbacks and releases; its forwards and prefills are timed."""
+    lm = tiny_lm("qwen2_5_omni")
+    pool = RowPool(lm, rows=3)
+    rows = [r.row for r in pool.prefill([(f, lang, False) for f, lang in _features()])]
+    assert pool.seconds["prefill"] > 0 and pool.seconds["run"] == 0
+    pool.run([(rows[0], [5, 6]), (rows[2], [7])])
+    pool.rollback(rows[0], 1)
+    pool.run([(rows[1], [5, 6, 7]), (rows[0], [8])])
+    pool.release(rows[2])
+    assert pool.lengths == [int(n) for n in pool.cache.lengths]
+    assert pool.seconds["run"] > 0 and pool.steps == 2 and pool.asked == 4

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import heapq
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ import torch
 
 from ..models import fast_step
 from ..models.base import AudioLM
+from ..models.language_mask import BLOCKED_LOGIT
 from ..models.thinker import ThinkerLM, prefill
 from .batched_step import BatchedCache, BatchedStep
 
@@ -71,6 +73,10 @@ class RowPool:
         self.step = BatchedStep(lm.model)
         with torch.inference_mode():  # see _guarded
             self.cache = BatchedCache(self.step, rows, _ROOM)
+            # each row's blocked ids (its caption's language) as a mask over the logits: every row's
+            # are masked in one operation per step, not one per caption
+            self.blocked = torch.zeros((rows, self.step.lm_head.shape[0]), dtype=torch.bool, device=lm.device)
+        self.lengths = [0] * rows  # positions each row holds: the cache's lengths, readable without a device read
         self.free = list(range(rows))  # a heap: the lowest free row is handed out first
         # the verifier server's request threads roll rows back and free them while its executor's
         # thread steps (batching.gather): every use of the cache holds this (reentrant: a session
@@ -78,6 +84,9 @@ class RowPool:
         self.lock = threading.RLock()
         self.steps = 0  # forwards run (one per `run`)
         self.asked = 0  # requests they served
+        # seconds spent in the pool's forwards (`run`) and prefills, setup included: what a profile of
+        # the executor holds against the loops' own time (benchmarks/batched_decode.py)
+        self.seconds = {"run": 0.0, "prefill": 0.0}
 
     @property
     def rows(self) -> int:
@@ -89,15 +98,20 @@ class RowPool:
         the model (audio encoder and prompt, padded to the longest) and move each into a free row.
         What `ThinkerLM.start` computes for each clip alone, within float rounding; `hidden`: keep the
         last-layer state at the prompt's last position."""
+        t0 = time.perf_counter()
         start = prefill(self.lm, [(f, language) for f, language, _ in asks], any(h for _, _, h in asks))
         made = []
         for i, (_, _, want_hidden) in enumerate(asks):
             n = start.lengths[i]
             row = self._free_row(n)
             self.cache.load_row(row, start.out.past_key_values, start.deltas[i], source=i, length=n)
+            self.lengths[row] = n
+            self.blocked[row] = False
+            self.blocked[row, start.blocked[i]] = True
             # copies: the batch's outputs are not kept alive by one session's first logits
             made.append(Prefilled(row, start.first_logits(self.lm, i).clone(),
                                   start.first_hidden(i).clone() if want_hidden else None, n, start.blocked[i]))
+        self.seconds["prefill"] += time.perf_counter() - t0
         return made
 
     def _free_row(self, prompt_len: int) -> int:
@@ -105,6 +119,8 @@ class RowPool:
         if not self.free:  # a loop holding two sessions at once (a new one before the old is dropped)
             more = self.rows
             self.cache.add_rows(more)
+            self.blocked = torch.cat([self.blocked, torch.zeros_like(self.blocked)])
+            self.lengths += [0] * more
             self.free = list(range(self.rows - more, self.rows))
         self.cache.grow(_capacity(prompt_len + _ROOM))
         return heapq.heappop(self.free)
@@ -112,36 +128,46 @@ class RowPool:
     @_guarded
     def release(self, row: int) -> None:
         self.cache.lengths[row] = 0
+        self.lengths[row] = 0
         heapq.heappush(self.free, row)
 
-    @_guarded
     def length(self, row: int) -> int:
         """Positions row `row` holds (prompt included)."""
-        return int(self.cache.lengths[row])
+        with self.lock:
+            return self.lengths[row]
 
     @_guarded
     def rollback(self, row: int, n: int) -> None:
         self.cache.rollback(row, n)
+        self.lengths[row] -= n
 
     @_guarded
     def run(self, asks: list[tuple[int, list[int]]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One forward for every (row, tokens) in `asks` (one request per row); returns each one's
-        (logits (n, vocab), last hidden states (n, hidden)), in the order asked: views of the batch's
-        outputs (a caller that keeps one copies it, so as not to keep the whole batch alive)."""
+        (logits (n, V) float32 over the shared vocabulary with its blocked ids masked, as a session's
+        `extend` gives them, and last hidden states (n, hidden)), in the order asked: views of the
+        batch's outputs (a caller that keeps one copies it, so as not to keep the whole batch alive)."""
+        t0 = time.perf_counter()
         top = max(row for row, _ in asks) + 1
         n = max(len(ids) for _, ids in asks)
-        self.cache.grow(_capacity(int((self.cache.lengths[:top] + n).max())))  # padding writes past a row's end too
+        self.cache.grow(_capacity(max(self.lengths[:top]) + n))  # padding writes past a row's end too
         view = self.cache.head(top)
-        ids = torch.zeros((top, n), dtype=torch.long)
-        counts = torch.zeros(top, dtype=torch.long)
+        rows = [[0] * n for _ in range(top)]  # built in Python, made a tensor once
+        counts = [0] * top
         for row, toks in asks:
-            ids[row, : len(toks)] = torch.tensor(toks)
+            rows[row][: len(toks)] = toks
             counts[row] = len(toks)
         device = self.cache.lengths.device
-        logits, hidden = self.step.step(ids.to(device), counts.to(device), view)
+        logits, hidden = self.step.step(torch.tensor(rows, device=device), torch.tensor(counts, device=device), view)
+        logits = logits[..., : self.lm.vocab_size].float()
+        logits.masked_fill_(self.blocked[:top, None, : self.lm.vocab_size], BLOCKED_LOGIT)
+        for row, toks in asks:
+            self.lengths[row] += len(toks)
         self.steps += 1
         self.asked += len(asks)
-        return [(logits[row, : len(toks)], hidden[row, : len(toks)]) for row, toks in asks]
+        made = [(logits[row, : len(toks)], hidden[row, : len(toks)]) for row, toks in asks]
+        self.seconds["run"] += time.perf_counter() - t0
+        return made
 
 
 def _capacity(need: int) -> int:
