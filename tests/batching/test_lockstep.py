@@ -15,6 +15,7 @@ from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed, UGSDAdaptive
 from speccap.decoding.rules import make_rule
+from speccap.decoding.stats import TokenStats, greedy_stats
 from speccap.decoding.verify import Rank
 from speccap.decoding.wisv import WISV
 
@@ -171,3 +172,35 @@ def test_a_bad_clip_fails_its_own_caption_only(pair, clips):
     assert "(n_mels, frames)" in got[1]
     assert [got[i] for i in (0, 2, 3)] == [edge_only(edge, mel, lang, MAX, cost=COST).token_ids
                                            for mel, lang in clips[:3]]
+
+
+def test_a_step_summarizes_every_row_that_asks_in_one_call(pair, clips):
+    """An extension's `summarize` (a drafted token's statistics, the greedy token) runs once per step
+    for every row asking with it, and each row gets what its session alone gives it."""
+    edge, _ = pair
+    calls = []
+
+    def summarize(rows):
+        calls.append(len(rows))
+        return greedy_stats(rows)
+
+    def job(lm, mel, lang):
+        sess = lm.start(mel, lang)
+        outs = [sess.extend([t], summarize=summarize) for t in (5, 6, 7)]
+        return [(out.summary, out.logits[-1:]) for out in outs]
+
+    alone = [job(edge, mel, lang) for mel, lang in clips[:4]]
+    assert calls == [1] * 12
+    calls.clear()
+    ex = Lockstep(4)
+    e = ex.wrap(edge)
+    batched = dict(ex.map(lambda ij: (ij[0], job(e, *ij[1])), list(enumerate(clips[:4]))))
+    assert calls == [4, 4, 4]  # three steps, all four rows summarized together in each
+    for i, one in enumerate(alone):
+        for (want, _), (got, logits) in zip(one, batched[i]):
+            assert isinstance(got, TokenStats)
+            # each row's summary is what its own logits give alone, to the bit; and those logits are the
+            # single session's within a batched matmul's rounding
+            assert got == greedy_stats(logits)[0]
+            assert got.token == want.token
+            assert got.entropy == pytest.approx(want.entropy, abs=1e-4)

@@ -5,7 +5,7 @@ import torch
 
 from speccap.decoding.gates import make_gate
 from speccap.decoding.policies import Fixed, UGSDAdaptive
-from speccap.decoding.stats import Block, token_stats
+from speccap.decoding.stats import Block, greedy_stats, token_stats
 
 
 def _block(dists: list[list[float]], tokens: list[int]) -> Block:
@@ -23,6 +23,22 @@ def test_token_stats():
     assert s.logprob == pytest.approx(math.log(0.2))
     assert s.entropy == pytest.approx(-(0.7 * math.log(0.7) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1)))
     assert float(q.sum()) == pytest.approx(1.0)
+
+
+def test_greedy_stats_are_token_stats_of_each_rows_greedy_token():
+    """Batched over rows, to the bit: blocked ids, a tie for the top (the first index wins, as
+    `pick` takes it), a sharp and a flat row."""
+    torch.manual_seed(3)
+    rows = torch.randn(6, 500) * 3
+    rows[:, :100] = -1e9
+    rows[1, 200] = rows[1, 300] = 40.0
+    rows[2] = 0.0
+    rows[3, 123] = 80.0
+    got = greedy_stats(rows)
+    for row, stats in zip(rows, got):
+        want, _ = token_stats(row, int(torch.argmax(row)), 0.0)
+        assert stats == want
+    assert got[1].token == 200 and got[1].margin == 0.0 and got[2].entropy == pytest.approx(math.log(500))
 
 
 def test_gates_read_the_most_uncertain_token():

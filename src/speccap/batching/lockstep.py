@@ -27,22 +27,33 @@ import numpy as np
 import torch
 from greenlet import getcurrent, greenlet
 
-from ..models.base import AudioLM, Session, StepOutput
-from ..models.thinker import step_output
+from ..models.base import AudioLM, Session, StepOutput, Summarize
 from .row_pool import Prefilled, RowPool, batchable
 
 
 class _Ask:
-    """A loop's pending extension: tokens for a row of a pool."""
+    """A loop's pending extension: tokens for a row of a pool, and what to make of the last
+    position's logits (`summarize`, see Session.extend), if anything."""
 
-    __slots__ = ("pool", "row", "ids")
+    __slots__ = ("pool", "row", "ids", "summarize")
 
-    def __init__(self, pool: RowPool, row: int, ids: list[int]):
-        self.pool, self.row, self.ids = pool, row, ids
+    def __init__(self, pool: RowPool, row: int, ids: list[int], summarize: Summarize | None = None):
+        self.pool, self.row, self.ids, self.summarize = pool, row, ids, summarize
 
     @staticmethod
     def run(pool: RowPool, asks: list[_Ask]) -> list:
-        return pool.run([(a.row, a.ids) for a in asks])
+        """(logits, hidden, summary) for each ask: one forward, then one `summarize` call per
+        function over the last positions of every row that asked with it."""
+        outs = [(logits, hidden, None) for logits, hidden in pool.run([(a.row, a.ids) for a in asks])]
+        by_fn: dict[Summarize, list[int]] = {}
+        for i, a in enumerate(asks):
+            if a.summarize is not None:
+                by_fn.setdefault(a.summarize, []).append(i)
+        for fn, idx in by_fn.items():
+            made = fn(torch.stack([outs[i][0][-1] for i in idx]))
+            for i, summary in zip(idx, made):
+                outs[i] = outs[i][:2] + (summary,)
+        return outs
 
 
 class _Start:
@@ -221,12 +232,12 @@ class SteppedSession(Session):
     def length(self) -> int:
         return self.pool.length(self.row) - self.prompt_len
 
-    def extend(self, token_ids: list[int], return_hidden: bool = False) -> StepOutput:
+    def extend(self, token_ids: list[int], return_hidden: bool = False,
+               summarize: Summarize | None = None) -> StepOutput:
         if not token_ids:
             raise ValueError("extend() needs at least one token")
-        logits, hidden = self.executor.ask(_Ask(self.pool, self.row, list(token_ids)))
-        return step_output(self.lm, self.blocked, logits.clone(), hidden.clone() if return_hidden else None,
-                           return_hidden)
+        logits, hidden, summary = self.executor.ask(_Ask(self.pool, self.row, list(token_ids), summarize))
+        return StepOutput(logits.clone(), hidden.clone().float() if return_hidden else None, summary)
 
     def rollback(self, n: int) -> None:
         if n < 0 or n > self.length:

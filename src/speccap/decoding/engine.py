@@ -15,10 +15,11 @@ a virtual clock adds the two, so a sweep is fast and repeatable. The speculative
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..metrics.system import ResourceMonitor
-from ..models.base import AudioLM
-from ..models.generate import autoregress, pick
+from ..models.base import AudioLM, StepOutput
+from ..models.generate import autoregress, greedy_tokens, pick
 from . import packets
 from .cost import CostModel, Work
 from .gates import Gate
@@ -64,11 +65,18 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
             if i == 0:
                 books.first_token()
 
-        def feed(tok):
-            out = books.forward(role, session.extend, [tok], scale=time_scale, work=Work(method, 1, session.length))
-            return out.logits[-1]
-        ids = autoregress(session.prefill_logits, feed, lm.eos_token_id, max_new_tokens,
-                          lambda logits: pick(logits, temperature, rng), seen)
+        # greedy: the token is asked of each extension (one argmax per step for a batch of loops)
+        summarize = greedy_tokens if temperature <= 0 else None
+
+        def feed(tok) -> StepOutput:
+            return books.forward(role, session.extend, [tok], False, summarize, scale=time_scale,
+                                 work=Work(method, 1, session.length))
+
+        def choose(made: torch.Tensor | StepOutput) -> int:  # the prefill's logits, then each extension's output
+            if isinstance(made, StepOutput):
+                return made.summary if summarize is not None else pick(made.logits[-1], temperature, rng)
+            return pick(made, temperature, rng)
+        ids = autoregress(session.prefill_logits, feed, lm.eos_token_id, max_new_tokens, choose, seen)
     return books.finish(lm, ids, mon)
 
 

@@ -21,7 +21,7 @@ from .ledger import Ledger
 from .link import Link
 from .policies import LengthPolicy
 from .round import Answer, Round, Transport
-from .stats import Block, token_stats
+from .stats import Block, TokenStats, greedy_stats, token_stats
 from .verify import Rule
 
 
@@ -77,6 +77,10 @@ class EdgeHalf:
         self.sess = books.prefill("edge", start, features, language, scale=s.edge_time_scale,
                                   work=Work("edge", features.shape[-1], prefill=True))
         self.logits = self.sess.prefill_logits  # next-token logits after what the cache holds
+        # greedy drafting reads the statistics of the greedy token after each extension: asked of the
+        # extension itself (a batching executor computes them for all its drafting loops at once)
+        self.summarize = greedy_stats if s.temperature <= 0 and s.rule.edge_distribution is None else None
+        self.summary: TokenStats | None = None  # `summarize` of `self.logits`, when known
         self.cached = 0  # caption tokens in the edge's KV cache
         self.state = self.sess.prefill_hidden  # the state after what the cache holds (with keep_context)
         self.defers = s.gate.level == "token" and not self.keep_hidden
@@ -89,9 +93,9 @@ class EdgeHalf:
         return self._extend([tok], hidden)
 
     def _extend(self, ids: list[int], hidden: bool = False) -> torch.Tensor | None:
-        out = self.books.forward("edge", self.sess.extend, ids, hidden or self.keep_context,
+        out = self.books.forward("edge", self.sess.extend, ids, hidden or self.keep_context, self.summarize,
                                  scale=self.s.edge_time_scale, work=Work("edge", len(ids), self.sess.length))
-        self.logits = out.logits[-1]
+        self.logits, self.summary = out.logits[-1], out.summary
         self.cached += len(ids)
         if self.keep_context:
             self.state = out.hidden[-1]
@@ -107,6 +111,9 @@ class EdgeHalf:
             law = (q if rule.sample_quantized else p).numpy()
             tok = int(self.rng.choice(len(law), p=law / law.sum()))
             stats, _ = token_stats(self.logits, tok, self.s.temperature)
+        elif self.summarize is not None and not needs_q:
+            stats = self.summary or greedy_stats(self.logits[None])[0]  # (the prefill's: not summarized)
+            tok, q = stats.token, None
         else:
             tok = self.pick()
             stats, q = token_stats(self.logits, tok, self.s.temperature)

@@ -10,12 +10,16 @@ so that an edge / cloud pair compares distributions over the vocabulary they sha
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..data.uplink import Uplink
+
+# a per-row function over (k, V) logits (see Session.extend)
+Summarize = Callable[[torch.Tensor], list]
 
 
 @dataclass
@@ -24,6 +28,8 @@ class StepOutput:
     logits: torch.Tensor
     # (n, H) float32 last-layer hidden states, when asked for
     hidden: torch.Tensor | None = None
+    # what the caller's `summarize` made of the last position's logits, when asked for
+    summary: object = None
 
 
 class Session(ABC):
@@ -40,8 +46,13 @@ class Session(ABC):
         """Caption tokens in the cache (the prompt not counted)."""
 
     @abstractmethod
-    def extend(self, token_ids: list[int], return_hidden: bool = False) -> StepOutput:
-        ...
+    def extend(self, token_ids: list[int], return_hidden: bool = False,
+               summarize: Summarize | None = None) -> StepOutput:
+        """`summarize`: a function of (k, V) logits rows giving one result per row, applied to the
+        last position's logits (`StepOutput.summary`). A batching executor calls it once for all the
+        rows of a step that ask with the same function, so per-token work (a drafted token's
+        statistics) is one tensor operation per step, not one per caption; it must therefore give
+        each row what it gives that row alone."""
 
     @abstractmethod
     def rollback(self, n: int) -> None:

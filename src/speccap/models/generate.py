@@ -40,13 +40,22 @@ def greedy(logits: torch.Tensor) -> int:
     return int(logits.argmax())
 
 
+def greedy_tokens(rows: torch.Tensor) -> list[int]:
+    """The greedy token of each row of (k, V) logits (the first maximum, as `greedy` takes it): what
+    a greedy loop asks its extension to summarize (models.base.Session.extend), so a batch of them
+    takes one argmax per step instead of one per caption."""
+    return rows.argmax(-1).tolist()
+
+
 def autoregress(logits: torch.Tensor, feed: Callable[[int], torch.Tensor], eos: int, limit: int,
                 choose: Callable[[torch.Tensor], int] = greedy,
                 seen: Callable[[int, int, torch.Tensor], None] | None = None) -> list[int]:
     """The tokens written after `logits` (the next-token logits of what the model has read), at most
     `limit`: `choose(logits)` picks each; `seen(i, token, logits)` sees the i-th pick, the end token
-    included, before it is fed; `feed(token)` feeds it and returns the next logits. The end token is
-    neither kept nor fed, and neither is the limit's last token fed: nothing would read its logits."""
+    included, before it is fed; `feed(token)` feeds it and returns the next logits (or whatever else
+    its `choose` reads: the extension's whole output, when the pick was asked of the extension). The
+    end token is neither kept nor fed, and neither is the limit's last token fed: nothing would read
+    its logits."""
     ids: list[int] = []
     while len(ids) < limit:
         tok = choose(logits)

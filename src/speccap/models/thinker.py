@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import fast_step, language_mask
-from .base import AudioLM, Session, StepOutput
+from .base import AudioLM, Session, StepOutput, Summarize
 
 
 @dataclass
@@ -182,7 +182,8 @@ class ThinkerSession(Session):
         return self.cache.get_seq_length() - self.prompt_len
 
     @torch.inference_mode()
-    def extend(self, token_ids: list[int], return_hidden: bool = False) -> StepOutput:
+    def extend(self, token_ids: list[int], return_hidden: bool = False,
+               summarize: Summarize | None = None) -> StepOutput:
         if not token_ids:
             raise ValueError("extend() needs at least one token")
         n = len(token_ids)
@@ -198,7 +199,10 @@ class ThinkerSession(Session):
                                 output_hidden_states=return_hidden)
             self.cache = out.past_key_values
             logits, hidden = out.logits[0], (out.hidden_states[-1][0] if return_hidden else None)
-        return step_output(self.lm, self.blocked, logits, hidden, return_hidden)
+        made = step_output(self.lm, self.blocked, logits, hidden, return_hidden)
+        if summarize is not None:
+            made.summary = summarize(made.logits[-1:])[0]
+        return made
 
     def rollback(self, n: int) -> None:
         if n < 0 or n > self.length:
