@@ -34,10 +34,11 @@ from speccap.config import load_params
 from speccap.data.featurize import load_clip_features
 from speccap.decoding.cost import calibrate
 from speccap.pipeline.sweep import build_configs, eval_clips
-from speccap.pipeline.workers import Pool
+from speccap.pipeline.workers import Pool, stepped
 from speccap.project import portable_command
 
-THROUGHPUT_TARGET = 5.0  # the issue's: captions per CPU-second, batched / single
+THROUGHPUT_TARGET = 3.0  # the issue's: captions per CPU-second, batched / single
+PYTHON_TARGET = 0.15  # the issue's: the loops' own share of batched time, at most
 # what only the measured world sets (wall time, seconds inside forwards, the process's CPU and memory)
 UNSHARED = {"wall_time", "model_time", "cpu_percent", "ram_gb"}
 
@@ -50,9 +51,20 @@ def _params_with(base: Path, cost: dict, batch: int, out: Path) -> Path:
     return out
 
 
-def _decode(params_file: Path, batch: int, threads: int, configs, clips) -> tuple[dict, float, float]:
+def _pool_seconds(batch: int) -> dict:
+    """Seconds the batching executor's row pools have spent in forwards and prefills so far (this
+    process's executor of `batch` rows, as the stage's worker job uses it)."""
+    out = {"run": 0.0, "prefill": 0.0}
+    for pool in stepped(batch)[0].pools:
+        for k in out:
+            out[k] += pool.seconds[k]
+    return out
+
+
+def _decode(params_file: Path, batch: int, threads: int, configs, clips) -> tuple[dict, float, float, dict | None]:
     """Every configuration on its language's clips through the stage's worker job; returns the
-    records by (configuration, clip), this process's CPU seconds and the wall seconds."""
+    records by (configuration, clip), this process's CPU seconds, the wall seconds and (batched) the
+    wall seconds inside the executor's forwards and prefills."""
     pool = Pool(str(params_file), workers=0, threads=threads, batch=batch)
     records, cpu, wall = {}, 0.0, 0.0
     for cfg in tqdm(configs, desc=f"batch {batch}", unit="config", leave=False):
@@ -62,7 +74,8 @@ def _decode(params_file: Path, batch: int, threads: int, configs, clips) -> tupl
         cpu += time.process_time() - c0
         wall += time.perf_counter() - w0
         records.update(((cfg.name, rec["id"]), rec) for rec in made)
-    return records, cpu, wall
+    # each Pool loads its own models, so this executor and its pools served these jobs alone
+    return records, cpu, wall, _pool_seconds(batch) if batch > 1 else None
 
 
 def _gap(edge, cloud, mel, lang: str, prefix: list[int]) -> float:
@@ -109,12 +122,21 @@ def run(n_clips: int, batches: list[int], threads: int, calib_clips: int) -> dic
     single = captions / runs[1][1]
     languages = {c.name: c.language for c in configs}
     rows = [{"batch": b, "cpu_s": cpu, "wall_s": wall, "captions_per_cpu_s": captions / cpu,
-             "ratio": captions / cpu / single,
+             "ratio": captions / cpu / single, "profile": _profile(spent, wall),
              "equivalence": None if b == 1 else _compare(runs[1][0], records, languages, edge, cloud, params)}
-            for b, (records, cpu, wall) in runs.items()]
+            for b, (records, cpu, wall, spent) in runs.items()]
     return {"command": portable_command(), "clips_per_language": n_clips, "threads": threads,
             "configurations": len(configs), "captions": captions, "cost_model": cost.coef, "rows": rows,
-            "target": THROUGHPUT_TARGET, "best_ratio": max(r["ratio"] for r in rows)}
+            "target": THROUGHPUT_TARGET, "python_target": PYTHON_TARGET, "best_ratio": max(r["ratio"] for r in rows)}
+
+
+def _profile(spent: dict | None, wall: float) -> dict | None:
+    """Shares of a batched run's wall time: the executor's batched forwards, its batched prefills, and
+    the rest, the loops' own time (their Python, per-caption tensor work, the executor's switching)."""
+    if spent is None:
+        return None
+    forwards, prefill = spent["run"] / wall, spent["prefill"] / wall
+    return {"forwards": forwards, "prefill": prefill, "loops": 1.0 - forwards - prefill}
 
 
 def markdown(r: dict) -> str:
@@ -128,19 +150,27 @@ def markdown(r: dict) -> str:
         "call by one cost model calibrated in the same run (speccap.decoding.cost).",
         "",
         "| captions at once (B) | CPU s | wall s | captions per CPU-second | batched / single | captions equal | "
-        "other record fields differ |",
-        "|---|---|---|---|---|---|---|",
+        "other record fields differ | forwards | prefills | loops' own |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
-        eq = row["equivalence"]
+        eq, prof = row["equivalence"], row.get("profile")
         same = "–" if eq is None else f"{eq['captions'] - eq['captions_differ']} / {eq['captions']}"
         other = "–" if eq is None else str(eq["records_differ_with_equal_captions"])
+        shares = ("–",) * 3 if prof is None else tuple(f"{prof[k]:.0%}" for k in ("forwards", "prefill", "loops"))
         name = "1 (the single executor)" if row["batch"] == 1 else str(row["batch"])
         lines.append(f"| {name} | {row['cpu_s']:.1f} | {row['wall_s']:.1f} | {row['captions_per_cpu_s']:.1f} | "
-                     f"{row['ratio']:.2f}x | {same} | {other} |")
+                     f"{row['ratio']:.2f}x | {same} | {other} | {' | '.join(shares)} |")
+    best = max((row for row in r["rows"] if row.get("profile")), key=lambda row: row["ratio"])
+    loops = best["profile"]["loops"]
     lines += ["", f"Best throughput, batched / single: **{r['best_ratio']:.2f}x** (target at least "
-                  f"{r['target']:.0f}x: {met}). \"Other record fields\": records whose caption is equal but whose "
-                  "clocks, bytes, rounds or acceptance differ."]
+                  f"{r['target']:.0f}x: {met}). The loops' own share of batched time at that B ({best['batch']}): "
+                  f"**{loops:.0%}** (target under {r['python_target']:.0%}: "
+                  f"{'met' if loops < r['python_target'] else 'not met'}). \"Other record fields\": records whose "
+                  "caption is equal but whose clocks, bytes, rounds or acceptance differ. The profile splits each "
+                  "batched run's wall time into the row pools' forwards and prefills (batching.row_pool, setup "
+                  "included) and the rest: the loops' own Python and per-caption tensor work, and the executor's "
+                  "switching between them."]
     differ = [d for row in r["rows"] if row["equivalence"] for d in row["equivalence"]["differences"]]
     if differ:
         lines += ["", "| configuration | clip | top-2 logit gap at the divergence | single | batched |", "|---|---|---|---|---|"]
