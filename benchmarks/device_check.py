@@ -1,0 +1,283 @@
+"""The decoding loops on the target hardware: real-size random-weight Qwen2.5-Omni thinkers (the 3B
+thinker's shapes on the edge, the 7B's in the cloud, audio towers included, built from configs: no
+download) with Qwen's real vocabulary, one command, one report.
+
+    python benchmarks/device_check.py                      # on a GPU node -> reports/device_check.{json,md}
+    python benchmarks/device_check.py --device cpu --size tiny --clips 6 --batch 3 --out /tmp/device_check
+
+For `--clips` clips of real audio lengths (random log-mel, 4 to 20 s, languages alternating):
+edge-only, cloud-only and the default UGSD loop (params.yaml's decode settings, measured clock),
+each once one caption at a time (the single executor) and once `--batch` at a time (the batching
+executor, speccap.batching.lockstep), side by side: captions and tokens per second, GPU memory (the
+framework's peak allocated), GPU utilisation (NVML, sampled every 100 ms through each run) and batch
+invariance (the share of captions that differ batched from alone, with the top-2 logit gap where
+they part). With random weights the captions mean nothing; their tokens are what is compared.
+
+Not in it yet: the executor replaying captured CUDA graphs (not built: the batched step's graphs
+are measured alone in benchmarks/batched_step.py) and the replaying server (benchmarks/serving_replay.py
+needs the trained models). Without a GPU (and without `--device cpu`) it says so and writes a report
+that says so. Sections stop starting once `--budget-s` seconds have gone, and the report names what
+was skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from speccap.batching.lockstep import decode_all
+from speccap.config import LinkConfig, ThinkerSize, load_params
+from speccap.decoding.build import DecodeSpec, build_decoder
+from speccap.decoding.engine import cloud_only, edge_only, speculative
+from speccap.decoding.link import Link
+from speccap.models.base import shared_vocab
+from speccap.models.configs import SpecialIds, build_model
+from speccap.models.loading import qwen_chat_template
+from speccap.models.qwen_vocab import QWEN_OMNI_SPECIAL, qwen_tokenizer_offline
+from speccap.models.thinker import ThinkerLM
+from speccap.project import portable_command
+
+VOCAB = 151936  # Qwen2.5-Omni's embedding rows
+QWEN_IDS = SpecialIds(**{k: QWEN_OMNI_SPECIAL[t] for k, t in (
+    ("audio", "<|AUDIO|>"), ("audio_start", "<|audio_bos|>"), ("audio_end", "<|audio_eos|>"), ("image", "<|IMAGE|>"),
+    ("video", "<|VIDEO|>"), ("vision_start", "<|vision_bos|>"), ("vision_end", "<|vision_eos|>"),
+    ("pad", "<|endoftext|>"), ("eos", "<|im_end|>"))})
+# the Qwen2.5-Omni thinkers' shapes (their config.json files): the audio tower is the same in both
+_AUDIO = dict(audio_d=1280, audio_layers=32, audio_heads=20, audio_ffn=5120)
+SIZES = {
+    "3b": ThinkerSize(text_hidden=2048, text_layers=36, text_heads=16, text_kv_heads=2, text_ffn=11008, **_AUDIO),
+    "7b": ThinkerSize(text_hidden=3584, text_layers=28, text_heads=28, text_kv_heads=4, text_ffn=18944, **_AUDIO),
+    "tiny": ThinkerSize(text_hidden=64, text_layers=2, text_heads=4, text_kv_heads=2, text_ffn=128, audio_d=64,
+                        audio_layers=1, audio_heads=2, audio_ffn=128),
+}
+FRAMES_PER_SECOND = 100  # Whisper-style log-mel hop (10 ms)
+
+
+def build_thinker(size: str, device: torch.device, dtype: torch.dtype, seed: int, name: str) -> ThinkerLM:
+    """A random-weight Qwen2.5-Omni thinker of `size`, made on `device` in `dtype` (no host copy)."""
+    tok = qwen_tokenizer_offline()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with device:
+            model = build_model("qwen2_5_omni", VOCAB, SIZES[size], QWEN_IDS, 128, seed)
+    finally:
+        torch.set_default_dtype(old)
+    return ThinkerLM(model.eval(), tok, qwen_chat_template(tok), QWEN_IDS.eos, name)
+
+
+def audio_clips(n: int, seed: int) -> list[tuple[np.ndarray, str]]:
+    """`n` log-mel clips of 4 to 20 seconds, languages alternating."""
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((128, int(rng.uniform(4, 20) * FRAMES_PER_SECOND))).astype(np.float32),
+             ("en", "zh")[i % 2]) for i in range(n)]
+
+
+class GpuSampler:
+    """NVML utilisation and memory sampled every `every` seconds while running; nothing without NVML."""
+
+    def __init__(self, device: torch.device, every: float = 0.1):
+        self.samples: list[tuple[float, float]] = []
+        self.handle, self.every = None, every
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        except Exception:  # noqa: BLE001 - no NVML (no driver, no package): the figures stay absent
+            self.handle = None
+
+    @contextmanager
+    def sampling(self):
+        self.samples = []
+        stop = threading.Event()
+
+        def loop():
+            while not stop.wait(self.every):
+                util = self.nvml.nvmlDeviceGetUtilizationRates(self.handle)
+                mem = self.nvml.nvmlDeviceGetMemoryInfo(self.handle)
+                self.samples.append((float(util.gpu), mem.used / 1e9))
+        thread = threading.Thread(target=loop, daemon=True) if self.handle is not None else None
+        if thread:
+            thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            if thread:
+                thread.join()
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {}
+        util = [u for u, _ in self.samples]
+        return {"gpu_util_mean": float(np.mean(util)), "gpu_util_max": float(np.max(util)),
+                "gpu_memory_used_gb_max": float(max(m for _, m in self.samples)), "samples": len(self.samples)}
+
+
+def loops(params, max_new: int) -> dict:
+    spec = DecodeSpec.from_params(params, cost=None, max_new_tokens=max_new)
+    return {
+        "edge-only": lambda e, c, job: edge_only(e, job[0], job[1], max_new),
+        "cloud-only": lambda e, c, job: cloud_only(c, job[0], job[1], Link(LinkConfig()), max_new),
+        "UGSD (default)": lambda e, c, job: speculative(e, c, job[0], job[1], build_decoder(spec), Link(params.link)),
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_run(fn, edge, cloud, jobs, batch: int, device: torch.device, sampler: GpuSampler) -> tuple[list, dict]:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with sampler.sampling():
+        _sync(device)
+        t0 = time.perf_counter()
+        recs = decode_all(edge, cloud, fn, jobs, batch)
+        _sync(device)
+        wall = time.perf_counter() - t0
+    tokens = sum(len(r.token_ids) for r in recs)
+    out = {"batch": batch, "wall_s": wall, "captions_per_s": len(recs) / wall, "tokens_per_s": tokens / wall,
+           "tokens": tokens} | sampler.summary()
+    if device.type == "cuda":
+        out["peak_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    return recs, out
+
+
+def top2_gap(lms, mel, lang: str, prefix: list[int]) -> float:
+    """The smallest top-2 logit gap, over `lms`, of the next token after `prefix` (single sequence)."""
+    gaps = []
+    for lm in lms:
+        sess = lm.start(mel, lang)
+        logits = sess.extend(prefix).logits[-1] if prefix else sess.prefill_logits
+        top = torch.topk(logits.float(), 2).values
+        gaps.append(float(top[0] - top[1]))
+    return min(gaps)
+
+
+def invariance(name: str, single: list, batched: list, jobs, edge, cloud) -> dict:
+    lms = {"edge-only": (edge,), "cloud-only": (cloud,)}.get(name, (edge, cloud))
+    gaps = []
+    for a, b, (mel, lang) in zip(single, batched, jobs):
+        if a.token_ids != b.token_ids:
+            at = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y),
+                      min(len(a.token_ids), len(b.token_ids)))
+            gaps.append(top2_gap(lms, mel, lang, a.token_ids[:at]))
+    return {"captions": len(single), "differ": len(gaps), "share_differ": len(gaps) / len(single),
+            "top2_gaps": gaps}
+
+
+def run(args) -> dict:
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    result = {"command": portable_command(), "device": args.device, "dtype": args.dtype, "clips": args.clips,
+              "batch": args.batch, "max_new_tokens": args.max_new_tokens, "sizes": {"edge": args.edge_size,
+                                                                                   "cloud": args.cloud_size},
+              "machine": platform.node(), "skipped": [], "loops": {}}
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            result["no_gpu"] = "no CUDA device on this machine: nothing was measured"
+            return result
+        result["gpu"] = torch.cuda.get_device_name(device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        edge = build_thinker(args.edge_size, device, dtype, 1, "edge")
+        cloud = build_thinker(args.cloud_size, device, dtype, 2, "cloud")
+        shared_vocab(edge, cloud)
+        result["build_s"] = time.perf_counter() - t0
+        result["parameters"] = {"edge": edge.num_parameters(), "cloud": cloud.num_parameters()}
+        jobs = audio_clips(args.clips, 0)
+        result["audio_seconds"] = [mel.shape[1] / FRAMES_PER_SECOND for mel, _ in jobs]
+        sampler = GpuSampler(device)
+        warm = audio_clips(2, 1)  # first calls allocate and pick kernels: not timed
+        for fn in loops(load_params(args.params), 4).values():
+            decode_all(edge, cloud, fn, warm, 1)
+            decode_all(edge, cloud, fn, warm, 2)
+        for name, fn in loops(load_params(args.params), args.max_new_tokens).items():
+            if time.perf_counter() - start > args.budget_s:
+                result["skipped"].append(name)
+                continue
+            single, s = timed_run(fn, edge, cloud, jobs, 1, device, sampler)
+            batched, b = timed_run(fn, edge, cloud, jobs, args.batch, device, sampler)
+            result["loops"][name] = {"single": s, "batched": b, "ratio": b["captions_per_s"] / s["captions_per_s"],
+                                     "invariance": invariance(name, single, batched, jobs, edge, cloud)}
+    result["total_s"] = time.perf_counter() - start
+    return result
+
+
+def markdown(r: dict) -> str:
+    lines = ["# The decoding loops on the target hardware", ""]
+    if "no_gpu" in r:
+        return "\n".join(lines + [f"Made by `{r['command']}`: {r['no_gpu']}.", ""])
+    where = r.get("gpu") or r["device"]
+    lines += [f"Made by `{r['command']}` on {where}, {r['dtype']}: random-weight Qwen2.5-Omni thinkers "
+              f"({r['sizes']['edge']} shapes on the edge, {r['parameters']['edge']:,} parameters; {r['sizes']['cloud']} "
+              f"in the cloud, {r['parameters']['cloud']:,}) with Qwen's vocabulary, {r['clips']} clips of "
+              f"{min(r['audio_seconds']):.0f}-{max(r['audio_seconds']):.0f} s, up to {r['max_new_tokens']} tokens, "
+              f"batched {r['batch']} at a time. Models built in {r['build_s']:.0f} s; the whole check "
+              f"{r['total_s']:.0f} s.", "",
+              "| loop | executor | captions/s | tokens/s | peak allocated GB | GPU util mean / max % | batched / single |",
+              "|---|---|---|---|---|---|---|"]
+    for name, row in r["loops"].items():
+        for kind in ("single", "batched"):
+            x = row[kind]
+            util = f"{x['gpu_util_mean']:.0f} / {x['gpu_util_max']:.0f}" if "gpu_util_mean" in x else "–"
+            mem = f"{x['peak_allocated_gb']:.1f}" if "peak_allocated_gb" in x else "–"
+            ratio = f"{row['ratio']:.2f}x" if kind == "batched" else ""
+            lines.append(f"| {name} | {kind} (B = {x['batch']}) | {x['captions_per_s']:.2f} | {x['tokens_per_s']:.1f} | "
+                         f"{mem} | {util} | {ratio} |")
+    lines += ["", "Batch invariance: captions decoded batched that differ from the same clip decoded alone.", "",
+              "| loop | differ | smallest top-2 gap where they part |", "|---|---|---|"]
+    for name, row in r["loops"].items():
+        inv = row["invariance"]
+        gap = f"{min(inv['top2_gaps']):.3g}" if inv["top2_gaps"] else "–"
+        lines.append(f"| {name} | {inv['differ']} / {inv['captions']} | {gap} |")
+    if r["skipped"]:
+        lines += ["", f"Skipped (past the time budget): {', '.join(r['skipped'])}."]
+    lines += ["", "Not measured here: the executor replaying captured CUDA graphs (not built) and the replaying "
+                  "server (benchmarks/serving_replay.py)."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--edge-size", default="3b", choices=sorted(SIZES))
+    ap.add_argument("--cloud-size", default="7b", choices=sorted(SIZES))
+    ap.add_argument("--size", choices=sorted(SIZES), help="both models at this size (e.g. tiny, to try it on a CPU)")
+    ap.add_argument("--clips", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--budget-s", type=float, default=360.0, help="start no section after this many seconds")
+    ap.add_argument("--params", default="params.yaml", help="where the UGSD loop's decode settings come from")
+    ap.add_argument("--out", type=Path, default=Path("reports/device_check"))
+    args = ap.parse_args()
+    if args.size:
+        args.edge_size = args.cloud_size = args.size
+    if args.clips < 1 or args.batch < 1:
+        ap.error("--clips and --batch must be at least 1")
+    r = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(r))
+    print(markdown(r))
+    return 0 if "no_gpu" not in r else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
