@@ -19,14 +19,13 @@ Writes reports/batched_decode.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 import yaml
-from common import load_models
+from common import load_models, write_report
 from cost_model import _calibration_clips
 from tqdm import tqdm
 
@@ -189,10 +188,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("reports/batched_decode"))
     args = ap.parse_args()
     r = run(args.clips, args.batch, args.threads, args.calibration_clips)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(r, indent=1, ensure_ascii=False) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(r))
-    print(markdown(r))
+    write_report(args.out, r, markdown)
 
 
 if __name__ == "__main__":

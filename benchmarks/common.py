@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import statistics
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -33,3 +36,12 @@ def models_and_test_clips(params: Params, n_clips: int | None, threads: int):
         for rec in read_manifest(manifest_path(params.data.processed_dir, "test", lang))[:n_clips]:
             clips.append((rec, lang, load_clip_features(params.data.processed_dir, rec["id"])[0]))
     return edge, cloud, clips
+
+
+def write_report(out: Path, result: dict, markdown: Callable[[dict], str]) -> None:
+    """<out>.json and <out>.md of a benchmark's result; the markdown printed too."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    text = markdown(result)
+    out.with_suffix(".md").write_text(text)
+    print(text)

@@ -23,7 +23,6 @@ was skipped.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import threading
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import write_report
 
 from speccap.batching.lockstep import decode_all
 from speccap.config import LinkConfig, ThinkerSize, load_params
@@ -272,10 +272,7 @@ def main() -> int:
     if args.clips < 1 or args.batch < 1:
         ap.error("--clips and --batch must be at least 1")
     r = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(r))
-    print(markdown(r))
+    write_report(args.out, r, markdown)
     return 0 if "no_gpu" not in r else 2
 
 

@@ -17,7 +17,6 @@ caption is checked equal, clip by clip. Writes reports/peer_generate.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from functools import partial
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import load_models
+from common import load_models, write_report
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from speccap.config import load_params
@@ -154,10 +153,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     r = run(args.clips, args.batch, args.threads, args.repeats)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(r, indent=1, ensure_ascii=False) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(r))
-    print(markdown(r))
+    write_report(args.out, r, markdown)
 
 
 if __name__ == "__main__":

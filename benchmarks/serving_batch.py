@@ -18,7 +18,6 @@ Run where the pipeline has run (models/, data/processed/). Writes <out>.json and
 from __future__ import annotations
 
 import argparse
-import json
 import secrets
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import models_and_test_clips
+from common import models_and_test_clips, write_report
 from serving import Server
 
 from speccap.config import load_params
@@ -50,11 +49,9 @@ def run(params_path: str, n_clips: int, clients: int, per_client: int, batch: in
     expected = [speculative(edge, cloud, mel, lang, make_settings(), Link(params.link)).token_ids
                 for mel, lang in jobs]
     token = secrets.token_urlsafe(24)
-    servers = {"serialized": ("--compute-slots", "1"),
-               "batched": ("--batch", str(batch), "--batch-window-ms", str(window_ms))}
     out = {"command": portable_command(), "clients": clients, "per_client": per_client,
            "clips": len(jobs), "batch": batch, "window_ms": window_ms, "target": THROUGHPUT_TARGET}
-    for name, extra in servers.items():
+    for name, extra in server_kinds(batch, window_ms).items():
         srv = Server(params_path, token, extra=extra)
         try:
             with tqdm(total=clients * per_client, desc=name, unit="caption") as bar:
@@ -66,10 +63,31 @@ def run(params_path: str, n_clips: int, clients: int, per_client: int, batch: in
         summary["equal_to_in_process"] = sum(c.token_ids == expected[c.job] for c in captions)
         summary["errors_shown"] = errors[:5]
         out[name] = summary
+    return compared(out)
+
+
+def server_kinds(batch: int, window_ms: float) -> dict[str, tuple[str, ...]]:
+    """The two servers side by side: `serve-cloud` arguments of each."""
+    return {"serialized": ("--compute-slots", "1"),
+            "batched": ("--batch", str(batch), "--batch-window-ms", str(window_ms))}
+
+
+def compared(out: dict) -> dict:
+    """`out` with the batched server's throughput against the serialized one's, and the target."""
     s, b = out["serialized"], out["batched"]
     out["ratio"] = b["verifications_per_s"] / s["verifications_per_s"] if s["verifications_per_s"] else 0.0
     out["target_met"] = out["ratio"] >= THROUGHPUT_TARGET and b["verify_p99_ms"] <= s["verify_p99_ms"]
     return out
+
+
+def server_arguments(ap: argparse.ArgumentParser, out: str) -> None:
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--clips", type=int, default=10, help="test clips per language")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--per-client", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--window-ms", type=float, default=2.0)
+    ap.add_argument("--out", type=Path, default=Path(out))
 
 
 def markdown(r: dict) -> str:
@@ -99,19 +117,9 @@ def markdown(r: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--clips", type=int, default=10, help="test clips per language")
-    ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--per-client", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--window-ms", type=float, default=2.0)
-    ap.add_argument("--out", type=Path, default=Path("reports/serving_batch"))
+    server_arguments(ap, "reports/serving_batch")
     a = ap.parse_args()
-    r = run(a.params, a.clips, a.clients, a.per_client, a.batch, a.window_ms)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
-    a.out.with_suffix(".md").write_text(markdown(r))
-    print(markdown(r))
+    write_report(a.out, run(a.params, a.clips, a.clients, a.per_client, a.batch, a.window_ms), markdown)
     return 0
 
 

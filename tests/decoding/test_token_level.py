@@ -108,9 +108,9 @@ def _feeds(monkeypatch, lm):
         sess = start(*args, **kw)
         extend = sess.extend
 
-        def counted(ids, return_hidden=False):
+        def counted(ids, return_hidden=False, summarize=None):
             calls.append(list(ids))
-            return extend(ids, return_hidden)
+            return extend(ids, return_hidden, summarize)
         sess.extend = counted
         return sess
     monkeypatch.setattr(lm, "start", counting_start)
