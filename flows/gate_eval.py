@@ -1,5 +1,5 @@
-"""DVC stage `gate_eval`: the oracle, the entropy baselines and the chosen token gates at every
-budget on the test clips, as a Prefect flow; one MLflow run per (gate, budget, language) under
+"""DVC stage `gate_eval`: the oracle, the ceiling (speccap.pipeline.ceiling), the entropy baselines
+and the chosen token gates at every budget on the test clips, as a Prefect flow; one MLflow run per (gate, budget, language) under
 one parent; table with intervals and Pareto plot in reports/gates/. Edge-only and cloud-only come
 from the decode stage (reports/references.json) when it holds the same clips (else they are
 captioned here). Under cross-fitting (params data.cross_fit) each clip is decoded by the gates
@@ -16,11 +16,13 @@ from flows import stage_main
 from flows.sweep_runner import run_sweep
 from speccap.config import load_params, materialize
 from speccap.pipeline import folds
+from speccap.pipeline.ceiling import run_ceiling
 from speccap.pipeline.crossfit import crossfit_configs, fold_clips, pool_folds
 from speccap.pipeline.folds import referenced_clips
 from speccap.pipeline.gate_report import OUT, build_gate_report, decode_references, gate_clips, gate_configs
 from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.sweep import eval_clips
+from speccap.pipeline.verify_rank import default_rank
 
 REFERENCES = Path("reports/references.json")  # the decode stage's edge-only and cloud-only rows
 RUNS = Path("reports/gate_runs")
@@ -50,6 +52,10 @@ def gate_eval_flow(params_path: str | None = None, overrides: dict | None = None
     if crossfit:
         summary = pool_folds(summary, configs, tags, clips_of, RUNS)
     summary["configs"] += reused
+    # the ceiling at each budget: judged by the R the oracle's flagged tokens are judged by
+    chosen_ranks = gates_json.get("verify_rank", {}).get("chosen", {})
+    summary["configs"] += run_ceiling(params, params_path, summary, clips,
+                                      {lang: chosen_ranks.get(lang, default_rank(params)) for lang in clips}, RUNS)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     result = build_gate_report(params, summary, OUT, gates_json.get("dagger"), gates_json.get("verify_rank"))

@@ -246,9 +246,19 @@ class DaggerParams:
 
 
 @params_class
+class CeilingParams:
+    # the ceiling at a budget (pipeline.ceiling): the best captions a greedy search over which of the
+    # cloud's corrections to send finds, with the cloud's answers known, at each of these budgets
+    budgets: tuple[Share, ...] = (0.03, 0.05, 0.07, 0.1, 0.2)
+    steps: Count = 8  # corrections the search adds to a caption, at most
+    clips: Int = 0  # the first this many gate-evaluation clips per language (0 = all of them)
+
+
+@params_class
 class GatesParams:
     traces: TraceParams = field(default_factory=TraceParams)
     dagger: DaggerParams = field(default_factory=DaggerParams)
+    ceiling: CeilingParams = field(default_factory=CeilingParams)
     # token gates (gating.token_gates): classifiers x targets, trained on the on-policy traces
     kinds: tuple[GateKind, ...] = ("logistic", "lightgbm", "mlp")
     targets: tuple[GateTarget, ...] = ("critical", "mismatch")

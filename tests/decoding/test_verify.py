@@ -120,3 +120,18 @@ def test_a_correction_allowance_replaces_the_first_k_violators_then_tolerates_wi
     assert Rank(1, max_corrections=0).verify([6], rows[:2], None, EOS, None).tolerated == 1
     with pytest.raises(ValueError, match="allowance"):
         Rank(1, max_corrections=-1)
+
+
+def test_a_plan_replaces_the_violators_it_names_by_their_order():
+    rows = rows_with_order([[5, 6], [6, 5], [1, 2], [4]])
+    planned = Rank(1, plan=frozenset({1})).for_caption()
+    v = planned.verify([6], rows[:2], None, EOS, None)  # violator 0: not in the plan, kept, no bonus
+    assert (v.accepted, v.token, v.corrected, v.tolerated) == (1, None, False, 1)
+    v = planned.verify([2], rows[2:], None, EOS, None)  # violator 1: replaced
+    assert (v.accepted, v.token, v.corrected) == (0, 1, True)
+    # the allowance of k is the plan of the first k violators, and each caption starts at violator 0
+    assert Rank(1, max_corrections=2).plan == frozenset({0, 1})
+    assert planned.for_caption().met == 0 and planned.for_caption().plan == frozenset({1})
+    assert Rank(1, plan=frozenset({0})).describe() == {"rule": "greedy", "rank": 1, "plan": [0]}
+    with pytest.raises(ValueError, match="one of the two"):
+        Rank(1, max_corrections=1, plan=frozenset({0}))

@@ -3,7 +3,9 @@ import json
 import pytest
 
 from speccap.config import params_from_dict
-from speccap.pipeline.gate_report import ORACLE, _on_axis, decode_references, gate_configs
+from speccap.pipeline.gate_names import ORACLE
+from speccap.pipeline.gate_pareto import _on_axis
+from speccap.pipeline.gate_report import decode_references, gate_configs
 
 
 def _gates_json():
@@ -114,7 +116,8 @@ def test_the_dagger_rounds_have_their_section():
 
 
 def test_the_oracles_at_a_budget_are_configured_and_a_gate_is_held_against_the_largest_within_it():
-    from speccap.pipeline.gate_report import is_oracle, oracle_at, oracle_name
+    from speccap.pipeline.gate_names import is_oracle, oracle_name
+    from speccap.pipeline.gate_report import oracle_at
     p = params_from_dict({"gates": {"budgets": [0.1], "promote_budget": 0.1, "oracle_corrections": [1, 3]}})
     configs, tags = gate_configs(p, _gates_json())
     capped = [c for c in configs if c.language == "en" and c.corrections is not None]
@@ -139,3 +142,46 @@ def test_the_pareto_axis_shows_the_budgets_and_names_a_row_far_beyond_them():
     kept, far, x_max = _on_axis(series)
     assert far == [("tok-gain (pending)", e(0.86, 0.1))] and kept["tok-gain (pending)"] == []
     assert len(kept[ORACLE]) == 2 and x_max == pytest.approx(1.1 * 0.28)
+
+
+def test_the_ceiling_has_its_rows_its_reach_and_the_gates_distance_to_it_on_its_clips(tmp_path):
+    import numpy as np
+
+    from speccap.metrics.bootstrap import ClipStats, gap_closed
+    from speccap.pipeline.gate_names import CEILING
+    from speccap.pipeline.gate_report import build_gate_report
+    p = params_from_dict({"data": {"languages": ["en"]}, "gates": {"budgets": [0.05], "promote_budget": 0.05}})
+    ids = [f"c{i}" for i in range(8)]
+
+    def stats(level, hits, k=8):
+        return ClipStats(ids[:k], {"bleu1_match": np.full(k, 10.0 + level) + np.arange(k) % 2,
+                                   "bleu1_count": np.full(k, 20.0), "hyp_len": np.full(k, 20.0),
+                                   "ref_len": np.full(k, 20.0), "meteor": np.full(k, 50.0), "rouge_l": np.full(k, 50.0),
+                                   "emotion_hit": 100.0 * (np.arange(k) < hits)})
+    m = {"total_time": 1.0, "tokens": 20.0, "drafted": 20.0, "rho": 0.05, "rounds": 1.0}
+    edge, cloud, gate = stats(0, 1), stats(6, 7), stats(3, 4)
+    rows = [{"method": "edge", "language": "en", "status": "FINISHED", "metrics": m, "clip_stats": edge.to_json()},
+            {"method": "cloud", "language": "en", "status": "FINISHED", "metrics": m, "clip_stats": cloud.to_json()},
+            {"method": "ugsd", "language": "en", "status": "FINISHED", "metrics": m, "gate_name": "tok-mlp-gain",
+             "budget": 0.05, "threshold": 0.5, "clip_stats": gate.to_json()}]
+    for b, level, hits in ((0.03, 2, 2), (0.05, 6, 2)):  # the ceiling on the first 4 clips only
+        rows.append({"method": "ugsd", "language": "en", "status": "FINISHED", "gate_name": CEILING, "budget": b,
+                     "threshold": None, "clip_stats": stats(level, hits, 4).to_json(),
+                     "metrics": {"rho": b, "corrected": 2, "drafted": 80, "corrections_per_caption": 0.5}})
+    r = build_gate_report(p, {"configs": rows}, tmp_path)["languages"]["en"]
+    ceiling = r["gates"][CEILING]
+    assert [e["budget"] for e in ceiling] == [0.03, 0.05] and ceiling[0]["clips"] == 4
+    assert ceiling[0]["papers_time"] is None  # a search has no clock
+    # at 0.05 it closes the whole BLEU-1 gap but not 75% of the emotion hit's: beyond any gate there
+    assert ceiling[1]["gap_closed_bleu1"]["value"] == pytest.approx(100.0)
+    assert ceiling[1]["gap_closed_emotion_hit_rate"]["value"] < 75
+    assert any(line.startswith("ceiling at rho* 0.05") and "beyond any gate" in line for line in r["ceiling"])
+    # the gate is held against it on the ceiling's 4 clips, paired with edge and cloud there
+    g = r["gates"]["tok-mlp-gain"][0]
+    four = gap_closed(edge.subset(ids[:4]), gate.subset(ids[:4]), cloud.subset(ids[:4]), "bleu1")
+    assert g["on_ceiling_clips"]["bleu1"]["value"] == pytest.approx(four["value"])
+    line = next(x for x in r["targets"]["lines"] if x.startswith("tok-mlp-gain"))
+    assert "on the ceiling's 4 clips the gate closes" in line
+    text = (tmp_path / "gates.md").read_text()
+    assert "## The ceiling at each budget" in text and "| en | ceiling | 0.03 | 4 |" in text
+    assert (tmp_path / "pareto.png").stat().st_size > 0

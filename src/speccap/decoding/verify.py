@@ -74,20 +74,29 @@ class Rank(Rule):
     (counted as tolerated), and an accepted token gets no bonus token (`token` None, the caption
     not ended): every position is drafted by the edge, so the caption is what a gate that
     escalates exactly the first k tokens the cloud replaces would write, and corrected / drafted
-    is its escalation rate. The count lives in the copy `for_caption` returns. Blocking loop only."""
+    is its escalation rate. `plan` generalizes it: the violators replaced are those whose place in
+    the order the caption meets them (0 = the first, replaced or not) is in the plan, so
+    `max_corrections` = k is the plan {0, ..., k-1} (gating.ceiling searches plans). The count lives
+    in the copy `for_caption` returns. Blocking loop only."""
 
-    def __init__(self, r: int = 20, max_corrections: int | None = None):
+    def __init__(self, r: int = 20, max_corrections: int | None = None, plan: frozenset[int] | None = None):
         if r < 1:
             raise ValueError(f"rank rule needs R >= 1, got {r}")
         if max_corrections is not None and max_corrections < 0:
             raise ValueError(f"a correction allowance must be >= 0, got {max_corrections}")
+        if max_corrections is not None and plan is not None:
+            raise ValueError("a correction allowance is the plan of the first k violators: give one of the two")
         self.r = int(r)
         self.name = "greedy" if self.r == 1 else "rank"
         self.max_corrections = max_corrections
-        self.corrections = 0  # this caption's so far (for_caption starts each caption at 0)
+        self.plan = frozenset(range(max_corrections)) if max_corrections is not None else \
+            None if plan is None else frozenset(plan)
+        self.met = 0  # violators this caption has met so far (for_caption starts each caption at 0)
 
     def for_caption(self) -> "Rank":
-        return self if self.max_corrections is None else Rank(self.r, self.max_corrections)
+        if self.plan is None:
+            return self
+        return Rank(self.r, self.max_corrections, None if self.max_corrections is not None else self.plan)
 
     def verify(self, draft, rows, q, eos, rng) -> Verdict:
         ranks, tolerated = [], 0
@@ -95,11 +104,11 @@ class Rank(Rule):
             rank = cloud_rank(rows[i], tok)
             ranks.append(rank)
             if rank > self.r:
-                if self.max_corrections is None or self.corrections < self.max_corrections:
-                    self.corrections += 1
+                met, self.met = self.met, self.met + 1
+                if self.plan is None or met in self.plan:
                     return Verdict(i, int(torch.argmax(rows[i])), True, ranks, tolerated=tolerated)
-                tolerated += 1  # over the allowance: the edge's token stands
-        if (draft and draft[-1] == eos) or self.max_corrections is not None:  # ended, or no bonus (oracle)
+                tolerated += 1  # not in the plan: the edge's token stands
+        if (draft and draft[-1] == eos) or self.plan is not None:  # ended, or no bonus (an oracle's plan)
             return Verdict(len(draft), None, False, ranks, tolerated=tolerated)
         return Verdict(len(draft), int(torch.argmax(rows[len(draft)])), False, ranks, tolerated=tolerated)
 
@@ -107,6 +116,8 @@ class Rank(Rule):
         out = {"rule": self.name, "rank": self.r}
         if self.max_corrections is not None:
             out["max_corrections"] = self.max_corrections
+        elif self.plan is not None:
+            out["plan"] = sorted(self.plan)
         return out
 
 

@@ -17,7 +17,6 @@ Latency on the papers' hardware: speccap.pipeline.papers_hardware.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 from pathlib import Path
@@ -25,17 +24,18 @@ from pathlib import Path
 from ..config import Params, gate_decode
 from ..decoding.gates import VERIFY
 from ..metrics.bootstrap import ClipStats, gap_closed, interval
+from .ceiling import CEILING_TEXT, ceiling_lines, on_ceiling_clips
+from .gate_names import CEILING, KEYS, ORACLE, is_oracle, oracle_name
+from .gate_pareto import pareto_data, pareto_plot
 from .gates import BLOCK_SUFFIX, main_gate
 from .markdown import md_table
 from .papers_hardware import papers_parts, papers_seconds
-from .quality_table import error_bars, format_ci
+from .quality_table import format_ci, format_share
 from .sweep import RunConfig
 from .verify_rank import default_rank, rule_fields
 from .verify_rank import section as verify_rank_section
 
 OUT = Path("reports/gates")
-ORACLE = "oracle"
-KEYS = (("bleu1", "BLEU-1"), ("emotion_hit_rate", "emotion hit"))
 
 
 def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dict[RunConfig, dict]]:
@@ -84,14 +84,6 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
             tags[cfg] = {"gate_name": f"{name} ({other})", "budget": g.promote_budget, "detail": True}
             configs.append(cfg)
     return configs, tags
-
-
-def oracle_name(k: int | None = None) -> str:
-    return ORACLE if k is None else f"{ORACLE} (first {k})"
-
-
-def is_oracle(name: str) -> bool:
-    return name == ORACLE or name.startswith(f"{ORACLE} (first ")
 
 
 def oracle_at(per_gate: dict, budget: float) -> tuple[str, dict] | None:
@@ -147,6 +139,7 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: li
         edge_time, cloud_time = papers_seconds(em, "edge"), papers_seconds(cm, "cloud")
         keys = [k for k, _ in KEYS if k != "emotion_hit_rate" or "emotion_hit" in edge.columns]
         per_gate: dict[str, list] = {}
+        kept: dict[tuple, ClipStats] = {}  # each row's per-clip numbers, to pair gates with the ceiling
         lang_res = result["languages"][lang] = {
             "edge": {k: interval(edge, k) for k in keys}, "cloud": {k: interval(cloud, k) for k in keys},
             "gates": per_gate}
@@ -158,15 +151,36 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: li
             per_gate.setdefault(c["gate_name"], []).append(entry)
             rows.append([lang, c["gate_name"], "-" if is_oracle(c["gate_name"]) else c["budget"], len(s.ids),
                          f"{entry['rho']:.3f}"]
-                        + [format_ci(entry[k]) for k in keys] + [_share(entry[f"gap_closed_{k}"]) for k in keys]
-                        + [f"{entry['papers_time']:.1f}", _x(entry["papers_x_edge"]),
+                        + [format_ci(entry[k]) for k in keys] + [format_share(entry[f"gap_closed_{k}"]) for k in keys]
+                        + [_x(entry["papers_time"], 1), _x(entry["papers_x_edge"]),
                            _x(entry["cloud_compute_vs_cloud_only"])])
+            kept[(c["gate_name"], c["budget"])] = s
         for entries in per_gate.values():
             entries.sort(key=lambda e: e["budget"] or 0.0)
+        on_ceiling_clips(per_gate, kept, edge, cloud, keys)
         lang_res["gap"] = {k: gap_closed(edge, edge, cloud, k)["gap"] for k in keys}
+        lang_res["clips"] = len(edge.ids)
         lang_res["papers_hardware"] = {"edge_only_s": edge_time, "cloud_only_s": cloud_time,
                                        "cloud_only_x_edge": cloud_time / edge_time if edge_time else None}
         lang_res["targets"] = _targets(per_gate, params, keys)
+        lang_res["ceiling"] = ceiling_lines(per_gate, keys)
+    text = _markdown(params, summary, result, rows)
+    if verify_rank and verify_rank.get("validation"):
+        result["verify_rank"] = verify_rank
+        text.append("\n" + verify_rank_section(verify_rank))
+    if dagger:
+        result["dagger"] = dagger
+        text.append("\n" + dagger_section(dagger))
+    (out / "gates.md").write_text("\n".join(text) + "\n")
+    pareto_plot(result, out / "pareto.png")
+    pareto_data(result, out)
+    (out / "gates.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _markdown(params: Params, summary: dict, result: dict, rows: list[list]) -> list[str]:
+    """gates.md up to its optional sections: what the rows are, edge and cloud per language, the table,
+    the ceiling's reach and the targets."""
     names = [n for _, n in KEYS]
     header = ["lang", "gate", "budget rho*", "clips", "rho"] + names + [f"{n} gap closed %" for n in names] + [
         "papers' hw s", "x edge-only", "cloud steps x cloud-only"]
@@ -193,21 +207,16 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: li
         hw = r["papers_hardware"]
         text.append(f"- {lang}: {ref_line}; on the papers' hardware edge-only {hw['edge_only_s']:.1f} s, "
                     f"cloud-only {hw['cloud_only_s']:.1f} s per caption")
-    text.append("\n" + md_table(header, rows) + "\n\n## Targets (budget rho* <= 0.1)\n")
+    text.append("\n" + md_table(header, rows) + "\n")
+    if any(r["ceiling"] for r in result["languages"].values()):
+        text.append(CEILING_TEXT)
+        for lang, r in result["languages"].items():
+            text += [f"- {lang}: {line}" for line in r["ceiling"]]
+    text.append("\n## Targets (budget rho* <= 0.1)\n")
     for lang, r in result["languages"].items():
         for line in r["targets"]["lines"]:
             text.append(f"- {lang}: {line}")
-    if verify_rank and verify_rank.get("validation"):
-        result["verify_rank"] = verify_rank
-        text.append("\n" + verify_rank_section(verify_rank))
-    if dagger:
-        result["dagger"] = dagger
-        text.append("\n" + dagger_section(dagger))
-    (out / "gates.md").write_text("\n".join(text) + "\n")
-    _pareto_plot(result, out / "pareto.png")
-    _pareto_data(result, out)
-    (out / "gates.json").write_text(json.dumps(result, indent=1))
-    return result
+    return text
 
 
 def _entry(c: dict, s: ClipStats, edge: ClipStats, cloud: ClipStats, cloud_metrics: dict, edge_time: float,
@@ -218,6 +227,14 @@ def _entry(c: dict, s: ClipStats, edge: ClipStats, cloud: ClipStats, cloud_metri
     e_s, c_s = (edge, cloud) if s.ids == edge.ids else (edge.subset(s.ids), cloud.subset(s.ids))
     oracle = is_oracle(c["gate_name"])
     rho = m.get("corrected", 0.0) / m["drafted"] if oracle and m.get("drafted") else m.get("rho", 0.0)
+    if c["gate_name"] == CEILING:  # a search, not a decoder: no clock to read
+        entry = {"budget": c["budget"], "rho": rho, "clips": len(s.ids), "threshold": None, "papers_time": None,
+                 "papers_x_edge": None, "cloud_compute_vs_cloud_only": None,
+                 "corrections_per_caption": m.get("corrections_per_caption")}
+        for k in keys:
+            entry[k] = interval(s, k)
+            entry[f"gap_closed_{k}"] = gap_closed(e_s, s, c_s, k)
+        return entry
     parts = papers_parts(m, "ugsd")
     papers_time = sum(parts.values())
     entry = {"budget": c["budget"], "rho": rho, "clips": len(s.ids), "threshold": c["threshold"], "total_time": m["total_time"],
@@ -256,12 +273,8 @@ def dagger_section(rounds: list[dict]) -> str:
                         "val tokens the gate corrected", "AUC critical", "AUC mismatch", "chosen after"], rows) + "\n")
 
 
-def _x(v: float | None) -> str:
-    return "–" if v is None else f"{v:.2f}"
-
-
-def _share(g: dict) -> str:
-    return format_ci(g) if g["significant_gap"] else f"{g['value']:.0f} (noise: gap not above 0)"
+def _x(v: float | None, digits: int = 2) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
 
 
 def _targets(per_gate: dict, params: Params, keys: list[str]) -> dict:
@@ -270,7 +283,7 @@ def _targets(per_gate: dict, params: Params, keys: list[str]) -> dict:
     out = {"gates": {}, "lines": []}
     rules = [r for b in params.gates.baselines for r in (b, b + BLOCK_SUFFIX)]
     for name, entries in per_gate.items():
-        if is_oracle(name) or name in rules or name.endswith(")"):  # the other verification variant: shown, not a target
+        if is_oracle(name) or name == CEILING or name in rules or name.endswith(")"):  # the other verification variant: shown, not a target
             continue
         for e in entries:
             if e["budget"] is None or e["budget"] > 0.1 + 1e-9:
@@ -293,6 +306,10 @@ def _targets(per_gate: dict, params: Params, keys: list[str]) -> dict:
             rec["within_10_of_oracle"] = None if oracle is None else all(
                 rec[k]["share"]["value"] >= rec[k]["oracle"] - 10 for k in keys)
             rec["within_10"] = e["rho"] <= 0.10 + 1e-9  # what the gate really sent, not the budget it aimed at
+            ceil = next((x for x in per_gate.get(CEILING, []) if x["budget"] == e["budget"]), None)
+            if ceil is not None and e.get("on_ceiling_clips"):  # both on the ceiling's clips: the distance to it
+                rec["ceiling"] = {k: {"ceiling": ceil[f"gap_closed_{k}"]["value"],
+                                      "gate": e["on_ceiling_clips"][k]["value"]} for k in keys}
             out["gates"].setdefault(name, []).append(rec)
             parts = [f"{n} {format_ci(rec[k]['share'])}% (entropy per token / per block "
                      + " / ".join("–" if v is None else f"{v:.0f}" for v in rec[k]["entropy_point"].values())
@@ -300,6 +317,10 @@ def _targets(per_gate: dict, params: Params, keys: list[str]) -> dict:
                      for k, n in KEYS if k in keys]
             ceiling = ("" if best is None else f"; the oracle it is held against: {best[0]} (rho {oracle['rho']:.3f}), "
                        f"within 10 points of it in both: {rec['within_10_of_oracle']}")
+            if "ceiling" in rec:
+                ceiling += (f"; on the ceiling's {ceil['clips']} clips the gate closes "
+                            + " / ".join(f"{rec['ceiling'][k]['gate']:.0f}" for k in keys) + "% against the ceiling's "
+                            + " / ".join(f"{rec['ceiling'][k]['ceiling']:.0f}" for k in keys) + "% at this budget")
             out["lines"].append(f"{name} at rho* {e['budget']} (rho {e['rho']:.3f}): " + "; ".join(parts)
                                 + f"; >= 80% of both gaps: {rec['closes_80']}; rho <= 0.10: {rec['within_10']}{ceiling}; "
                                 f"CI lower bound above entropy's "
@@ -317,82 +338,3 @@ def _parts(rec: dict) -> str:
             f"{p['cloud']:.3f} + link {p['link']:.3f}")
 
 
-def _on_axis(series: dict[str, list[dict]]) -> tuple[dict, list[tuple[str, dict]], float]:
-    """The entries the rho axis shows, those it does not (a gate's row far beyond every budget, such
-    as the pending variant that sends its whole block: drawn, it would squeeze the curves into the
-    left of the panel), and the axis's right end."""
-    budgets = [e["budget"] for es in series.values() for e in es if e.get("budget")]
-    limit = 2 * max(budgets) if budgets else 1.0
-    kept, far = {}, []
-    for name, entries in series.items():
-        kept[name] = [e for e in entries if name == ORACLE or e["rho"] <= limit]
-        far += [(name, e) for e in entries if name != ORACLE and e["rho"] > limit]
-    shown = [e["rho"] for es in kept.values() for e in es]
-    return kept, far, 1.1 * max(shown) if shown else 1.0
-
-
-def _pareto_data(result: dict, out: Path) -> None:
-    """dvc.yaml's plots of the gates: per language, pareto_<lang>.csv, one row per budget rho* and per
-    series (entropy per token, the chosen learned gate of each target, named by its target so
-    that experiments that chose another classifier still share a column) its BLEU-1, emotion hit
-    and the rho it reached."""
-    for lang, r in result["languages"].items():
-        series = {"entropy": r["gates"].get("entropy", [])}
-        series |= {f"learned_{n.rsplit('-', 1)[1]}": es for n, es in r["gates"].items()
-                   if n.startswith("tok-") and " (" not in n}
-        budgets = sorted({e["budget"] for es in series.values() for e in es if e.get("budget") is not None})
-        at = {s: {e.get("budget"): e for e in es} for s, es in series.items()}
-        columns = [f"{s}_{k}" for s in series for k in (*(k for k, _ in KEYS), "rho")]
-        with open(out / f"pareto_{lang}.csv", "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["budget", *columns])
-            for b in budgets:
-                w.writerow([b, *(_point(at[s].get(b), k) for s in series for k in (*(k for k, _ in KEYS), "rho"))])
-
-
-def _point(entry: dict | None, key: str):
-    if entry is None or key not in entry:
-        return ""
-    return entry[key]["value"] if isinstance(entry[key], dict) else entry[key]
-
-
-def _pareto_plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    langs = list(result["languages"])
-    if not langs:
-        return
-    fig, axes = plt.subplots(len(KEYS), len(langs), figsize=(5.5 * len(langs), 4 * len(KEYS)), squeeze=False)
-    for col, lang in enumerate(langs):
-        r = result["languages"][lang]
-        series = {n: e for n, e in r["gates"].items() if not is_oracle(n)}
-        series[ORACLE] = sorted((e for n, es in r["gates"].items() if is_oracle(n) for e in es),
-                                key=lambda e: e["rho"])  # the oracles at a budget and the unlimited one
-        series, far, x_max = _on_axis(series)
-        for row, (k, label) in enumerate(KEYS):
-            ax = axes[row][col]
-            if k not in r["edge"]:
-                ax.set_visible(False)
-                continue
-            for name, entries in sorted(series.items()):
-                if not entries:
-                    continue
-                xs = [e["rho"] for e in entries]
-                ys = [e[k]["value"] for e in entries]
-                err = error_bars([(e[k]["value"], e[k]["ci_low"], e[k]["ci_high"]) for e in entries])
-                style = dict(marker="*", ms=9, ls="--", capsize=2) if name == ORACLE else dict(marker="o", capsize=3)
-                ax.errorbar(xs, ys, yerr=err, label=name, **style)
-            ax.set_xlim(0, x_max)
-            # what lies beyond the axis is named under it instead of stretching it
-            beyond = "".join(f"\nbeyond the axis: {name}\nat rho {e['rho']:.2f}, {label} {e[k]['value']:.1f} "
-                             f"[{e[k]['ci_low']:.1f}, {e[k]['ci_high']:.1f}]" for name, e in far)
-            ax.axhline(r["cloud"][k]["value"], color="k", ls=":", lw=1, label="cloud-only")
-            ax.axhline(r["edge"][k]["value"], color="grey", ls=":", lw=1, label="edge-only")
-            ax.set_xlabel("rho (share of drafted tokens sent)" + beyond)
-            ax.set_ylabel(label)
-            ax.set_title(f"{label} at equal budgets ({lang}), 95% CI")
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -21,6 +21,12 @@ def format_ci(d: dict | None, signed: bool = False) -> str:
     return f"{f.format(d['value'])} [{f.format(d['ci_low'])}, {f.format(d['ci_high'])}]"
 
 
+def format_share(g: dict) -> str:
+    """A share of a gap (metrics.bootstrap.gap_closed) with its interval, or the point marked as noise
+    when the gap itself is not above 0."""
+    return format_ci(g) if g["significant_gap"] else f"{g['value']:.0f} (noise: gap not above 0)"
+
+
 def metric_ci(metrics: dict, key: str) -> dict:
     """{value, ci_low, ci_high} of a summary's figure from its `<key>_ci_low` / `<key>_ci_high`."""
     return {"value": metrics.get(key), "ci_low": metrics.get(f"{key}_ci_low"), "ci_high": metrics.get(f"{key}_ci_high")}

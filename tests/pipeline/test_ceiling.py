@@ -1,0 +1,59 @@
+import json
+
+import pytest
+
+from speccap.pipeline import workers
+from speccap.pipeline.ceiling import CeilingSettings, ceiling_one, ceiling_rows, objective, search
+from speccap.pipeline.gate_names import CEILING
+from speccap.pipeline.sweep import eval_clips
+
+REFS = ["the speaker sounds calm and steady", "a calm steady voice, she sounds neutral"]
+
+
+def _point(plan, caption, drafted, corrected, score):
+    return {"plan": plan, "caption": caption, "drafted": drafted, "corrected": corrected, "score": score}
+
+
+def test_each_budget_row_scores_the_captions_its_allocation_picks():
+    clips = [{"id": "a", "references": REFS, "emotion": "neutral"}, {"id": "b", "references": REFS, "emotion": "neutral"}]
+    curves = [{"id": "a", "curve": [_point([], "a loud shout", 10, 0, 0.0), _point([0], "a calm steady voice", 10, 1, 9.0)]},
+              {"id": "b", "curve": [_point([], "loud", 10, 0, 0.0), _point([1], "calm", 10, 1, 2.0)]}]
+    rows = ceiling_rows(curves, clips, "en", (0.05, 0.1))
+    assert [r["budget"] for r in rows] == [0.05, 0.1] and all(r["gate_name"] == CEILING for r in rows)
+    # 0.05 of 20 tokens: one correction, where it buys the most (clip a); 0.1: both
+    assert [r["metrics"]["corrected"] for r in rows] == [1, 2] and rows[0]["metrics"]["rho"] == 0.05
+    stats = [r["clip_stats"] for r in rows]
+    assert stats[0]["ids"] == ["a", "b"] and stats[0]["bleu1_match"][1] == 0 < stats[1]["bleu1_match"][1]
+    assert rows[1]["metrics"]["bleu1"] > rows[0]["metrics"]["bleu1"]
+
+
+def test_the_objective_weighs_a_point_of_either_gap_alike():
+    s = CeilingSettings(rank=1, steps=2, max_new_tokens=8, bleu1_gap=10.0, emotion_gap=50.0)
+    caption = REFS[1]  # BLEU-1 100 against itself, and it names the emotion
+    assert objective(s, REFS, "neutral", "en")(caption) == pytest.approx(100 / 10 + 100 / 50)
+    assert objective(s, REFS, "sad", "en")(caption) == pytest.approx(100 / 10)  # the hit: 2 of 10 BLEU-1 points
+    assert objective(s, REFS, "neutral", "en")("") == 0.0
+
+
+def test_the_search_keeps_each_clip_as_it_comes_and_searches_only_those_missing(tiny_project, tmp_path):
+    params, _, params_file = tiny_project
+    clips = eval_clips(params, "en")[:2]
+    asked = []
+
+    class Counting(workers.Pool):
+        def imap(self, jobs):
+            jobs = list(jobs)
+            asked.append([j[0] for j in jobs])
+            return super().imap(jobs)
+    pool = Counting(str(params_file), 0, 1, fn=ceiling_one)
+    s = CeilingSettings(1, 2, params.models.max_new_tokens, 10.0, 50.0)
+    first = search(params, pool, "en", clips[:1], s, "models-a", tmp_path)
+    both = search(params, pool, "en", clips, s, "models-a", tmp_path)
+    assert asked == [[clips[0]["id"]], [clips[1]["id"]]] and both[0] == first[0]
+    curve = both[1]["curve"]
+    assert curve[0]["plan"] == [] and curve[0]["corrected"] == 0 and len(curve) >= 1
+    assert all(p["corrected"] <= k for k, p in enumerate(curve))
+    search(params, pool, "en", clips, s, "models-b", tmp_path)  # other models: searched again
+    assert asked[-1] == [c["id"] for c in clips]
+    lines = (tmp_path / f"{CEILING}.en.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and all(json.loads(line)["curve"] for line in lines)
