@@ -48,7 +48,7 @@ def _specs() -> dict:
             "token-pending": DecodeSpec(token="pending"), "no-cloud-cache": DecodeSpec(cloud_cache=False)}
 
 
-def dump(n_clips: int, out: str) -> None:
+def dump(n_clips: int, out: str, params_path: str | None = None) -> None:
     """Run every decoder (with whatever speccap is importable) and pickle {name: result}."""
     sys.path.insert(0, str(Path(__file__).parent))
     from common import models_and_test_clips
@@ -63,7 +63,7 @@ def dump(n_clips: int, out: str) -> None:
     from speccap.models.generate import generate
     from speccap.pipeline.saved import cached_head, head_path
 
-    params = load_params()
+    params = load_params(params_path)
     edge, cloud, clips = models_and_test_clips(params, n_clips, 1)
     cost = CostModel({r: {"prefill": [0.01, 1e-4], "extend": [2e-3, 1e-3, 1e-6]} for r in ("edge", "cloud")})
     specs = _specs()
@@ -104,7 +104,7 @@ COUNTS = ("token_ids", "drafted", "rounds", "transmitted", "synced", "accepted",
           "hidden_requests", "edge_fed", "position_checked", "position_accepted")
 
 
-def networked(n_clips: int) -> dict[str, list[int]]:
+def networked(n_clips: int, params_path: str | None = None) -> dict[str, list[int]]:
     """The working tree's networked edge against its in-process loop: a verifier server on loopback
     (`create_app` with the trained WISV head, a real socket), features in float32, q rows in float16
     as in-process. Per decoder: [clips, clips with every count and every packet (direction, kind,
@@ -121,7 +121,7 @@ def networked(n_clips: int) -> dict[str, list[int]]:
     from speccap.serving.edge import caption_remote, check_compatible
     from speccap.serving.server import BackgroundServer, create_app
 
-    params = load_params()
+    params = load_params(params_path)
     edge, cloud, clips = models_and_test_clips(params, n_clips, 1)
     head = cached_head(params, {}) if head_path(params).exists() else None
     specs = {name: spec for name, spec in _specs().items() if name in NETWORKED}
@@ -151,10 +151,12 @@ def networked(n_clips: int) -> dict[str, list[int]]:
     return out
 
 
-def _run(src: Path, n_clips: int, out: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(src))
-    subprocess.run([sys.executable, __file__, "--dump", str(out), "--clips", str(n_clips)], env=env, check=True,
-                   cwd=project_root())
+def _run(tree: Path, n_clips: int, out: Path) -> None:
+    """The dump of `tree`'s code under `tree`'s own params.yaml (a revision's schema may not know the
+    other's keys), run from the project root, where the data and models are."""
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    subprocess.run([sys.executable, __file__, "--dump", str(out), "--clips", str(n_clips), "--params",
+                    str(tree / "params.yaml")], env=env, check=True, cwd=project_root())
 
 
 def _differences(before: dict, after: dict) -> dict[str, list[str]]:
@@ -207,9 +209,10 @@ def main() -> None:
     ap.add_argument("--clips", type=int, default=4, help="test clips per language")
     ap.add_argument("--out", default="reports/core_equivalence")
     ap.add_argument("--dump", help=argparse.SUPPRESS)
+    ap.add_argument("--params", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.dump:
-        return dump(args.clips, args.dump)
+        return dump(args.clips, args.dump, args.params)
     if not args.base:
         ap.error("--base REV is required")
     root = project_root()
@@ -217,10 +220,10 @@ def main() -> None:
         tree = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), args.base], cwd=root, check=True)
         try:
-            _run(tree / "src", args.clips, Path(tmp) / "before.pkl")
+            _run(tree, args.clips, Path(tmp) / "before.pkl")
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=root, check=True)
-        _run(root / "src", args.clips, Path(tmp) / "after.pkl")
+        _run(root, args.clips, Path(tmp) / "after.pkl")
         before, after = (pickle.loads((Path(tmp) / f).read_bytes()) for f in ("before.pkl", "after.pkl"))
     decoders: dict[str, int] = {}
     for key in after:

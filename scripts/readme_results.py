@@ -102,24 +102,33 @@ def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+def _ceiling(target: dict, key: str) -> str:
+    """The ceiling's share of a gap at the gate's budget and the gate's on the same clips, or a dash."""
+    c = target.get("ceiling", {}).get(key)
+    return "–" if c is None else f"{c['ceiling']:.0f} ({c['gate']:.0f})"
+
+
 def _gate_tables(gates: dict) -> str:
     """The token gates at every budget rho* <= 0.1 against the gates issue's targets (one table per
     language), the R flagged tokens are judged by, and the DAgger rounds."""
     clips = sorted({e["clips"] for r in gates["languages"].values() for v in r["gates"].values() for e in v})
     out = [f"\nToken gates at budgets rho* <= 0.1 on {clips[-1]} test clips per language (`reports/gates/gates.md`; "
            "gap closed in %, 95% CIs; entropy per token / per block and the oracle at about the same rho, point "
-           "estimates; the gates issue's targets: >= 80% of both gaps, CI lower bound above entropy's points, <= "
+           "estimates; the ceiling at the same budget on its clips, with the gate's share on those clips beside it; "
+           "the gates issue's targets: >= 80% of both gaps, CI lower bound above entropy's points, <= "
            "1.05x edge-only time and <= 15% of cloud-only's cloud compute on the papers' hardware):\n"]
-    header = ["gate", "rho*", "rho", "BLEU-1 gap closed", "entropy", "oracle", "emotion gap closed", "entropy",
-              "oracle", ">= 80% of both", "CI above entropy", "x edge-only time", "x cloud compute"]
+    header = ["gate", "rho*", "rho", "BLEU-1 gap closed", "entropy", "oracle", "ceiling (gate)", "emotion gap closed",
+              "entropy", "oracle", "ceiling (gate)", ">= 80% of both", "CI above entropy", "x edge-only time",
+              "x cloud compute"]
     for lang, r in gates["languages"].items():
         rows = []
         for name, entries in r["targets"]["gates"].items():
             for t in entries:
                 b, e = t["bleu1"], t["emotion_hit_rate"]
                 rows.append([f"`{name}`", f"{t['budget']:g}", f"{t['rho']:.3f}", format_ci(b["share"]),
-                             _pair(b["entropy_point"]), f"{b['oracle']:.0f}", format_ci(e["share"]),
-                             _pair(e["entropy_point"]), f"{e['oracle']:.0f}", _met(t["closes_80"]),
+                             _pair(b["entropy_point"]), f"{b['oracle']:.0f}", _ceiling(t, "bleu1"), format_ci(e["share"]),
+                             _pair(e["entropy_point"]), f"{e['oracle']:.0f}", _ceiling(t, "emotion_hit_rate"),
+                             _met(t["closes_80"]),
                              _met(b["ci_low_above_entropy"] and e["ci_low_above_entropy"]),
                              f"{t['papers_x_edge']:.2f}", f"{t['cloud_compute_vs_cloud_only']:.2f}"])
         out.append(f"\n**{lang}**\n\n" + md_table(header, rows) + "\n")
