@@ -171,9 +171,11 @@ CEILING_TEXT = (
     "\n## The ceiling at each budget\n\nThe `ceiling` rows: with the cloud's answers known, a greedy search "
     "over which of the cloud's corrections to send (each step adds the one whose finished caption scores best on "
     "both gaps, sentence BLEU-1 / BLEU-1 gap + emotion hit / emotion-hit gap), the budget then spent over the clips "
-    "where it buys the most (speccap/gating/ceiling.py). rho = corrected / drafted, as the oracle's. Greedy, so a "
-    "lower bound on the best any gate could do: a gate above it found what the search missed. Where the ceiling "
-    "stays below a target, that target is beyond any token gate at that budget (as far as the search can "
+    "where it buys the most (speccap/gating/ceiling.py). rho = corrected / drafted, as the oracle's; a row whose "
+    "rho stays below its budget found nothing more worth sending. It scores against the references, which no gate "
+    "sees: above 100% of a gap, the right mix of the edge's and the cloud's tokens scores above the cloud's own "
+    "caption. Greedy, so a lower bound on the best plan: a gate above it found what the search missed. Where the "
+    "ceiling stays below a target, that target is beyond any token gate at that budget (as far as the search can "
     "tell).\n")
 
 # the issue's targets for a gate at a budget: both gaps' shares at least this much
