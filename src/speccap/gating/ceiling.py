@@ -65,16 +65,17 @@ class PlanWalker:
         if rank < 1:
             raise ValueError(f"a mismatch is a token ranked worse than R >= 1 by the cloud; got R = {rank}")
         self.rank, self.limit, self.eos = rank, max_new_tokens, edge.eos_token_id
-        self.sessions = (edge.start(edge.wire(features), language), cloud.start(cloud.wire(features), language))
+        # the edge's and the cloud's KV-cached session of this clip
+        self.edge_cloud = (edge.start(edge.wire(features), language), cloud.start(cloud.wire(features), language))
         self.held: list[int] = []  # the caption tokens both sessions hold
 
     def _after(self, prefix: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The edge's and the cloud's next-token logits after `prefix`, the sessions made to hold it."""
         if not prefix:
-            for s in self.sessions:
+            for s in self.edge_cloud:
                 s.rollback(s.length)
             self.held = []
-            return tuple(s.prefill_logits for s in self.sessions)
+            return tuple(s.prefill_logits for s in self.edge_cloud)
         same = 0
         for a, b in zip(self.held, prefix):
             if a != b:
@@ -82,7 +83,7 @@ class PlanWalker:
             same += 1
         same = min(same, len(prefix) - 1)  # at least one token fed: its logits are the ones wanted
         out = []
-        for s in self.sessions:
+        for s in self.edge_cloud:
             s.rollback(s.length - same)
             out.append(s.extend(prefix[same:]).logits[-1])
         self.held = list(prefix)
@@ -117,7 +118,7 @@ class PlanWalker:
             tokens.append(token)
             if len(tokens) >= self.limit:
                 return Trajectory(plan, tuple(tokens), False, tuple(met))
-            edge_logits, cloud_logits = (s.extend([token]).logits[-1] for s in self.sessions)
+            edge_logits, cloud_logits = (s.extend([token]).logits[-1] for s in self.edge_cloud)
             self.held = list(tokens)
 
 
