@@ -134,6 +134,11 @@ def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_pa
         # and gate_configs keeps one budget's tag for the one configuration they share
         params["profiles"]["ci"]["gates"] |= {"eval_clips": 0, "detail_clips": 0, "budgets": [0.25]}
     params["models"]["max_new_tokens"] = 6
+    # the users' path through every stage, not through every decoder: one L and one gate threshold in the
+    # decode sweep, no pipelined or Q-S rows, no first-k oracles (the CI's own repro runs those)
+    ci = params["profiles"]["ci"]
+    ci["sweep"] = ci["sweep"] | {"block_lens": [0], "gates": {"entropy": [2.0]}, "in_flight": [], "qs_levels": []}
+    ci["gates"] = ci["gates"] | {"oracle_corrections": []}
     params["models"]["edge"] |= {"backend": family, "path": str(tmp_path / "edge")}
     params["models"]["cloud"] |= {"backend": family, "path": str(tmp_path / "cloud")}
     (proj / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))

@@ -72,8 +72,13 @@ def test_gate_chain_end_to_end(own_project, tmp_path):
     result = gate_eval_flow(str(pfile))
     en = result["languages"]["en"]
     pending = f"{gates['chosen']['gain']} (pending)"  # the other variant, at the promote budget only
-    assert set(en["gates"]) == chosen | {"entropy", "entropy-block", "oracle", pending}
-    assert all(len(v) == 2 for n, v in en["gates"].items() if n not in ("oracle", pending))
+    assert set(en["gates"]) == chosen | {"entropy", "entropy-block", "oracle", "ceiling", pending}
+    assert all(len(v) == 2 for n, v in en["gates"].items() if n not in ("oracle", "ceiling", pending))
+    # the ceiling at each of its budgets, searched on the evaluation's clips and kept for a rerun
+    assert [e["budget"] for e in en["gates"]["ceiling"]] == list(params.gates.ceiling.budgets)
+    assert all(e["rho"] <= e["budget"] + 1e-9 and e["clips"] == 2 for e in en["gates"]["ceiling"])
+    assert (tmp_path / "reports/gate_runs/ceiling.en.jsonl").read_text().count("\n") == 2
+    assert "## The ceiling at each budget" in (tmp_path / "reports/gates/gates.md").read_text()
     assert len(en["gates"]["oracle"]) == len(en["gates"][pending]) == 1
     # every figure with its interval, the gap shares too
     e = en["gates"]["entropy"][0]

@@ -57,3 +57,18 @@ def test_the_search_keeps_each_clip_as_it_comes_and_searches_only_those_missing(
     assert asked[-1] == [c["id"] for c in clips]
     lines = (tmp_path / f"{CEILING}.en.jsonl").read_text().splitlines()
     assert len(lines) == 4 and all(json.loads(line)["curve"] for line in lines)
+
+
+def test_a_target_is_within_reach_when_the_ceiling_at_its_largest_budget_reaches_it():
+    from speccap.pipeline.ceiling import ceiling_lines
+
+    def row(b, bleu, emo):
+        share = lambda v: {"value": v, "ci_low": v - 5, "ci_high": v + 5, "significant_gap": True}  # noqa: E731
+        return {"budget": b, "rho": b, "clips": 10, "corrections_per_caption": 1.0,
+                "gap_closed_bleu1": share(bleu), "gap_closed_emotion_hit_rate": share(emo)}
+    # 0.03 misses 75%, but a gate may spend up to 0.05 on it; 0.07's 90% fails on the emotion hit
+    lines = ceiling_lines({CEILING: [row(0.03, 60, 50), row(0.05, 80, 76), row(0.07, 95, 89)]},
+                          ["bleu1", "emotion_hit_rate"])
+    assert lines[3] == ">= 75% of both gaps at rho* <= 0.05: within reach (the ceiling at rho* 0.05 closes 80 / 76%)"
+    assert lines[4].startswith(">= 90% of both gaps at rho* <= 0.07: beyond any gate here")
+    assert ceiling_lines({}, ["bleu1"]) == []
