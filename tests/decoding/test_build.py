@@ -81,6 +81,14 @@ def test_learned_gates_come_from_the_callers_loader_and_judge_by_their_own_rank(
     assert s.rule.r == 1  # none for zh: the spec's rule
 
 
+def test_a_gate_temperature_is_the_entropy_gates_alone():
+    s = build_decoder(DecodeSpec(gate="entropy", threshold=0.5, gate_temperature=0.5, token="alone"))
+    assert isinstance(s.gate, Entropy) and s.gate.entropy_temperature == 0.5 and s.gate.level == "token"
+    assert build_decoder(DecodeSpec(gate="entropy", threshold=0.5)).gate.entropy_temperature is None
+    with pytest.raises(ValueError, match="gate 'tok-x' has none"):
+        build_decoder(DecodeSpec(gate="tok-x", threshold=0.4, gate_temperature=0.5), learned=lambda spec: Always())
+
+
 def test_wisv_gets_the_head_the_caller_loaded():
     s = build_decoder(DecodeSpec(gate="always", threshold=None, rule="wisv", tau=0.2, wisv_max_rank=3), head=None)
     assert isinstance(s.rule, WISV) and s.rule.head is None and (s.rule.tau, s.rule.max_rank) == (0.2, 3)

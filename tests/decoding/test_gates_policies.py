@@ -69,3 +69,29 @@ def test_ugsd_adaptive_rule():
     assert Fixed(4).next_length() == 4
     with pytest.raises(ValueError):
         UGSDAdaptive(5, 3, 7)
+
+
+def test_greedy_stats_at_a_temperature_change_the_entropy_alone():
+    from speccap.decoding.stats import greedy_summary, tempered_entropies
+    torch.manual_seed(4)
+    rows = torch.randn(3, 200) * 2
+    plain, hot = greedy_stats(rows), greedy_summary(2.0)(rows)
+    for row, p, h in zip(rows, plain, hot):
+        assert (h.token, h.top1, h.margin, h.logprob, h.rank) == (p.token, p.top1, p.margin, p.logprob, p.rank)
+        assert h.entropy == pytest.approx(tempered_entropies(row, [2.0])[0], abs=1e-12) and h.entropy > p.entropy
+        want, _ = token_stats(row, p.token, 0.0, entropy_temperature=2.0)
+        assert want == h
+    assert tempered_entropies(rows[0], [1.0])[0] == pytest.approx(plain[0].entropy, abs=1e-12)
+    # one function per temperature: a batching executor summarizes the loops that share it together
+    assert greedy_summary(None) is greedy_stats and greedy_summary(2.0) is greedy_summary(2.0)
+
+
+def test_only_the_entropy_gate_takes_a_temperature():
+    gate = make_gate("entropy", 0.5, "token", temperature=0.5)
+    assert gate.entropy_temperature == 0.5 and gate.describe()["temperature"] == 0.5
+    assert make_gate("entropy", 0.5, temperature=1.0).entropy_temperature is None  # 1: the untuned gate
+    assert "temperature" not in make_gate("entropy", 0.5).describe()
+    with pytest.raises(ValueError, match="entropy gate's: gate 'margin' has none"):
+        make_gate("margin", 0.1, temperature=0.5)
+    with pytest.raises(ValueError, match="must be > 0"):
+        make_gate("entropy", 0.5, temperature=0.0)

@@ -176,3 +176,29 @@ def test_the_oracle_at_a_budget_replaces_only_the_first_k_tokens_the_cloud_would
     p = next(i for i, (a, b) in enumerate(zip(ref_edge, ref_cloud)) if a != b)
     assert one[0].token_ids[:p] == ref_edge[:p] and one[0].token_ids[p] == ref_cloud[p]
     assert one[0].bonus == 0 and one[0].drafted - len(one[0].token_ids) in (0, 1)
+
+
+def test_a_tuned_entropy_gate_reads_the_entropy_at_its_temperature(pair, audio):
+    """With the edge as its own cloud nothing is corrected, so the caption is the edge's own: each
+    entropy the gate is shown is that position's entropy at the gate's temperature, as the traces
+    keep it for tuning the gate."""
+    from speccap.decoding.gates import Entropy
+    from speccap.gating.shadow import edge_trajectory
+
+    class Shown(Entropy):
+        def flag(self, block):
+            self.shown.append((block.start + len(block) - 1, block.stats[-1].entropy))
+            return super().flag(block)
+
+    edge = pair[0]
+    want = {}
+    for t in (0.3, 1.0):
+        want[t] = []
+        edge_trajectory(edge, audio[1], "en", MAX, (t,), want[t])
+        gate = Shown(sorted(e[0] for e in want[t])[len(want[t]) // 2], t).at_token_level("alone")
+        gate.shown = []
+        rec = speculative(edge, edge, audio[1], "en", _spec(gate), Link(LinkConfig()))
+        assert rec.transmitted > 0 and len(gate.shown) == rec.drafted
+        for pos, h in gate.shown:
+            assert h == pytest.approx(want[t][pos][0], rel=1e-4)
+    assert abs(want[0.3][0][0] - want[1.0][0][0]) > 1e-2  # the temperature matters

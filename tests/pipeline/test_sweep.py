@@ -115,6 +115,11 @@ def test_qs_configurations_sit_next_to_dense_speculative_sampling_and_old_keys_s
     # configurations without the new fields hash as before (their records stay valid)
     old = RunConfig("ugsd", "en", "entropy", 1.0, 5, "rank", 2)
     assert set(old.to_dict()) == {"method", "language", "gate", "threshold", "block_len", "rule", "rank", "in_flight"}
+    # the entropy gate at a tuned temperature: its own name and key, the untuned one's unchanged
+    tuned = dataclasses.replace(old, gate_temperature=0.5)
+    assert tuned.name == "ugsd-en-entropy1@T0.5-L5-rank2" and tuned.to_dict()["gate_temperature"] == 0.5
+    assert workers.decode_spec(tuned, p).gate_temperature == 0.5
+    assert workers.decode_spec(old, p).gate_temperature is None
     with pytest.raises(Exception, match="qs_temperature"):
         params_from_dict({"sweep": {"qs_levels": [4], "qs_temperature": 0.0}})
 

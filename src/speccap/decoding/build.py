@@ -34,6 +34,7 @@ class DecodeSpec:
     """How one speculative caption is decoded (defaults: params.yaml's `decode:` defaults)."""
     gate: str = "entropy"  # a rule gate (RULE_GATES), a learned gate's name, "champion" or a gate file
     threshold: float | dict | None = 1.0  # None: never/always; a learned gate's default (its promote budget)
+    gate_temperature: float | None = None  # the entropy gate's, tuned on validation (None: temperature 1)
     block_len: int = 5  # fixed draft length L; 0 = the UGSD adaptive rule
     adaptive: tuple[int, int, int] = (2, 5, 8)  # UGSD's L_min, L_base, L_max
     rule: str = "rank"  # a decode.rule name, or "wisv" (greedy localization judged by the head)
@@ -129,7 +130,11 @@ def build_decoder(spec: DecodeSpec, *, learned: Callable[[DecodeSpec], Gate] | N
 
 def _gate(spec: DecodeSpec, learned) -> Gate:
     if spec.gate in RULE_GATES:
-        gate = make_gate(spec.gate, None if spec.gate in ("never", "always") else spec.threshold)
+        gate = make_gate(spec.gate, None if spec.gate in ("never", "always") else spec.threshold,
+                         temperature=spec.gate_temperature)
+    elif spec.gate_temperature is not None:
+        raise ValueError(f"a gate temperature ({spec.gate_temperature}) is the entropy gate's: "
+                         f"gate {spec.gate!r} has none")
     elif learned is None:
         raise ValueError(f"gate {spec.gate!r} is a learned gate: the decoder needs a way to load it")
     else:

@@ -1,7 +1,8 @@
 """Gates: should this drafted block go to the cloud?
 
 `never` and `always` are the edge-only / cloud-verifies-everything ends. `entropy` is UGSD's
-rule (eq. 2: escalate when the block's maximum token entropy exceeds gamma); `margin`
+rule (eq. 2: escalate when the block's maximum token entropy exceeds gamma), at temperature 1 or
+at the temperature tuned on validation (the entropy of softmax(logits / T)); `margin`
 escalates when some token's top-1 / top-2 probability gap is below delta; `logprob` when some
 drafted token's log-probability is below a threshold. A learned gate implements `score`
 (higher = more likely to need the cloud) and escalates above its threshold.
@@ -35,6 +36,9 @@ class Gate(ABC):
     verify: str = "alone"  # token level: what goes up with a flagged token (VERIFY)
     needs_hidden: bool = False  # its features read the edge's hidden state before each drafted token
     verify_rank: dict[str, int] | None = None  # token level: R per language its flagged tokens are judged by
+    # the temperature the drafting edge computes each token's entropy at (None: the distribution it
+    # drafts from); only a tuned entropy gate sets one
+    entropy_temperature: float | None = None
 
     @abstractmethod
     def escalate(self, block: Block) -> bool:
@@ -105,6 +109,16 @@ class ScoreGate(Gate):
 class Entropy(ScoreGate):
     name = "entropy"
 
+    def __init__(self, threshold: float, temperature: float | None = None):
+        super().__init__(threshold)
+        if temperature is not None and not temperature > 0:
+            raise ValueError(f"the entropy gate's temperature must be > 0, got {temperature}")
+        self.entropy_temperature = None if temperature in (None, 1.0) else float(temperature)
+
+    def describe(self) -> dict:
+        out = super().describe()
+        return out if self.entropy_temperature is None else {**out, "temperature": self.entropy_temperature}
+
     def score(self, block: Block) -> float:
         return max(s.entropy for s in block.stats)
 
@@ -144,15 +158,19 @@ class LogProb(_BelowThreshold):
     name, stat = "logprob", "logprob"
 
 
-def make_gate(name: str, threshold: float | None = None, level: str = "block", verify: str = "alone") -> Gate:
-    """A rule gate; `level="token"` scores each token as it is drafted and verifies at once."""
+def make_gate(name: str, threshold: float | None = None, level: str = "block", verify: str = "alone",
+              temperature: float | None = None) -> Gate:
+    """A rule gate; `level="token"` scores each token as it is drafted and verifies at once;
+    `temperature`: the entropy gate's (None or 1: the entropy of the distribution drafted from)."""
     if level not in ("block", "token"):
         raise ValueError(f"unknown gate level {level!r} (expected 'block' or 'token')")
-    gate = _make(name, threshold)
+    gate = _make(name, threshold, temperature)
     return gate.at_token_level(verify) if level == "token" else gate
 
 
-def _make(name: str, threshold: float | None) -> Gate:
+def _make(name: str, threshold: float | None, temperature: float | None) -> Gate:
+    if temperature not in (None, 1.0) and name != "entropy":
+        raise ValueError(f"a gate temperature ({temperature}) is the entropy gate's: gate {name!r} has none")
     simple = {"never": Never, "always": Always}
     if name in simple:
         return simple[name]()
@@ -161,4 +179,4 @@ def _make(name: str, threshold: float | None) -> Gate:
         raise ValueError(f"unknown gate {name!r} (expected one of {', '.join(get_args(GateName))})")
     if threshold is None:
         raise ValueError(f"gate {name!r} needs a threshold")
-    return scored[name](threshold)
+    return Entropy(threshold, temperature) if name == "entropy" else scored[name](threshold)

@@ -21,7 +21,7 @@ from .ledger import Ledger
 from .link import Link
 from .policies import LengthPolicy
 from .round import Answer, Round, Transport
-from .stats import Block, TokenStats, greedy_stats, token_stats
+from .stats import Block, TokenStats, greedy_summary, token_stats
 from .verify import Rule
 
 
@@ -79,7 +79,9 @@ class EdgeHalf:
         self.logits = self.sess.prefill_logits  # next-token logits after what the cache holds
         # greedy drafting reads the statistics of the greedy token after each extension: asked of the
         # extension itself (a batching executor computes them for all its drafting loops at once)
-        self.summarize = greedy_stats if s.temperature <= 0 and s.rule.edge_distribution is None else None
+        self.entropy_temperature = s.gate.entropy_temperature  # a tuned entropy gate's
+        greedy = s.temperature <= 0 and s.rule.edge_distribution is None
+        self.summarize = greedy_summary(self.entropy_temperature) if greedy else None
         self.summary: TokenStats | None = None  # `summarize` of `self.logits`, when known
         self.cached = 0  # caption tokens in the edge's KV cache
         self.state = self.sess.prefill_hidden  # the state after what the cache holds (with keep_context)
@@ -110,13 +112,13 @@ class EdgeHalf:
             q = rule.edge_distribution(p)
             law = (q if rule.sample_quantized else p).numpy()
             tok = int(self.rng.choice(len(law), p=law / law.sum()))
-            stats, _ = token_stats(self.logits, tok, self.s.temperature)
+            stats, _ = token_stats(self.logits, tok, self.s.temperature, self.entropy_temperature)
         elif self.summarize is not None and not needs_q:
-            stats = self.summary or greedy_stats(self.logits[None])[0]  # (the prefill's: not summarized)
+            stats = self.summary or self.summarize(self.logits[None])[0]  # (the prefill's: not summarized)
             tok, q = stats.token, None
         else:
             tok = self.pick()
-            stats, q = token_stats(self.logits, tok, self.s.temperature)
+            stats, q = token_stats(self.logits, tok, self.s.temperature, self.entropy_temperature)
             q = q.float()  # what would travel; the rule sees the same values
         block.tokens.append(tok)
         block.stats.append(stats)

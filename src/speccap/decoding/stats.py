@@ -3,6 +3,7 @@ cloud's verify forward says about a draft token (what WISV's head reads)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -13,7 +14,9 @@ import torch
 @dataclass
 class TokenStats:
     token: int
-    entropy: float  # nats, of the edge's next-token distribution (eq. 1 of UGSD)
+    # nats, of the edge's next-token distribution (eq. 1 of UGSD); a tuned entropy gate reads it at its
+    # own temperature (softmax(logits / T): the drafting edge computes it so)
+    entropy: float
     top1: float  # probability of the most likely token
     margin: float  # top-1 minus top-2 probability
     logprob: float  # log-probability of the drafted token
@@ -45,20 +48,34 @@ class Block:
         return len(self.tokens)
 
 
-def token_stats(logits: torch.Tensor, token: int, temperature: float = 1.0) -> tuple[TokenStats, torch.Tensor]:
-    """Statistics of one drafted token and the distribution it was drawn from (softmax(logits / T))."""
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of each row of log-probabilities (the last dimension)."""
+    return -(logp.exp() * logp).nan_to_num().sum(-1)
+
+
+def tempered_entropies(logits: torch.Tensor, temperatures) -> list[float]:
+    """The entropy of softmax(logits / T) for each T: what tuning the entropy gate's temperature
+    reads (the traces keep one per T of the grid)."""
+    x = logits.double()
+    return [float(_entropy(torch.log_softmax(x / t, dim=-1))) for t in temperatures]
+
+
+def token_stats(logits: torch.Tensor, token: int, temperature: float = 1.0,
+                entropy_temperature: float | None = None) -> tuple[TokenStats, torch.Tensor]:
+    """Statistics of one drafted token and the distribution it was drawn from (softmax(logits / T));
+    the entropy at `entropy_temperature` instead when one is given (a tuned entropy gate's)."""
     t = temperature if temperature > 0 else 1.0
     logp = torch.log_softmax(logits.double() / t, dim=-1)
     p = logp.exp()
     top2 = torch.topk(p, 2)
     lp = float(logp[token])
     rank = int((logp > lp).sum()) + 1
-    entropy = float(-(p * logp).nan_to_num().sum())
+    entropy = float(_entropy(logp)) if entropy_temperature is None else tempered_entropies(logits, [entropy_temperature])[0]
     stats = TokenStats(token, entropy, float(top2.values[0]), float(top2.values[0] - top2.values[1]), lp, rank)
     return stats, p
 
 
-def greedy_stats(logits: torch.Tensor) -> list[TokenStats]:
+def greedy_stats(logits: torch.Tensor, entropy_temperature: float | None = None) -> list[TokenStats]:
     """The statistics `token_stats` gives the greedy token of each row of (k, V) logits, at
     temperature 1, in one tensor operation for all rows: what a drafting edge asks its extension to
     summarize (models.base.Session.extend), so a batch of loops pays once per step. Each row gets
@@ -70,9 +87,19 @@ def greedy_stats(logits: torch.Tensor) -> list[TokenStats]:
     top2 = torch.topk(p, 2, dim=-1).values
     lp = logp.gather(-1, tok[:, None])
     rank = (logp > lp).sum(-1) + 1
-    entropy = -(p * logp).nan_to_num().sum(-1)
+    entropy = _entropy(logp if entropy_temperature is None else torch.log_softmax(logits.double() / entropy_temperature,
+                                                                                  dim=-1))
     numbers = torch.stack([entropy, top2[:, 0], top2[:, 0] - top2[:, 1], lp[:, 0]], -1).tolist()
     return [TokenStats(t, *row, r) for t, row, r in zip(tok.tolist(), numbers, rank.tolist())]
+
+
+@functools.cache
+def greedy_summary(entropy_temperature: float | None = None):
+    """`greedy_stats` with the entropy at `entropy_temperature`, as ONE function per temperature: a
+    batching executor summarizes the loops that pass the same function together."""
+    if entropy_temperature is None:
+        return greedy_stats
+    return functools.partial(greedy_stats, entropy_temperature=entropy_temperature)
 
 
 def audio_summary(mel) -> tuple[float, ...]:

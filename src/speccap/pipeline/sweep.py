@@ -47,6 +47,7 @@ class RunConfig:
     token: str | None = None  # a token-level gate, verifying the flagged token "alone" or with the "pending" ones
     corrections: int | None = None  # the oracle at a budget: the first k tokens the cloud replaces (Rank.max_corrections)
     fold: int | None = None  # cross-fitting: the gate is the one that never saw this fold's clips (pipeline.folds)
+    gate_temperature: float | None = None  # the entropy gate's temperature, tuned on validation (None: 1)
 
     @property
     def name(self) -> str:
@@ -66,12 +67,14 @@ class RunConfig:
             length = f"tok{self.token}"
         first = "" if self.corrections is None else f"-first{self.corrections}"
         fold = "" if self.fold is None else f"-fold{self.fold}"
-        return f"ugsd-{self.language}-{self.gate}{thr}-{length}-{rule}{first}{tau}{piped}{temp}{channel}{fold}"
+        gate_t = "" if self.gate_temperature is None else f"@T{self.gate_temperature:g}"
+        return (f"ugsd-{self.language}-{self.gate}{thr}{gate_t}-{length}-{rule}{first}{tau}{piped}{temp}{channel}"
+                f"{fold}")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         # added later: left out when unused, so older keys stay valid
-        for k in ("temperature", "level", "channel", "tau", "token", "corrections", "fold"):
+        for k in ("temperature", "level", "channel", "tau", "token", "corrections", "fold", "gate_temperature"):
             if d[k] is None:
                 del d[k]
         return d

@@ -84,6 +84,8 @@ def decode_spec(cfg: RunConfig, params: Params) -> DecodeSpec:
         over["qs_level"] = cfg.level
     if cfg.tau is not None:
         over["tau"] = cfg.tau
+    if cfg.gate_temperature is not None:
+        over["gate_temperature"] = cfg.gate_temperature
     return DecodeSpec.from_params(params, **over)
 
 
