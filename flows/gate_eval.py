@@ -58,7 +58,8 @@ def gate_eval_flow(params_path: str | None = None, overrides: dict | None = None
                                       {lang: chosen_ranks.get(lang, default_rank(params)) for lang in clips}, RUNS)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False))
-    result = build_gate_report(params, summary, OUT, gates_json.get("dagger"), gates_json.get("verify_rank"))
+    result = build_gate_report(params, summary, OUT, gates_json.get("dagger"), gates_json.get("verify_rank"),
+                               gates_json["gates"].get("entropy"))
     return result
 
 

@@ -113,8 +113,9 @@ def _gate_tables(gates: dict) -> str:
     language), the R flagged tokens are judged by, and the DAgger rounds."""
     clips = sorted({e["clips"] for r in gates["languages"].values() for v in r["gates"].values() for e in v})
     out = [f"\nToken gates at budgets rho* <= 0.1 on {clips[-1]} test clips per language (`reports/gates/gates.md`; "
-           "gap closed in %, 95% CIs; entropy per token / per block and the oracle at about the same rho, point "
-           "estimates; the ceiling at the same budget on its clips, with the gate's share on those clips beside it; "
+           "gap closed in %, 95% CIs; entropy per token (temperature tuned on validation) / per block and the "
+           "oracle at about the same rho, point estimates; the ceiling at the same budget on its clips, with the "
+           "gate's share on those clips beside it; "
            "the gates issue's targets: >= 80% of both gaps, CI lower bound above entropy's points, <= "
            "1.05x edge-only time and <= 15% of cloud-only's cloud compute on the papers' hardware):\n"]
     header = ["gate", "rho*", "rho", "BLEU-1 gap closed", "entropy", "oracle", "ceiling (gate)", "emotion gap closed",

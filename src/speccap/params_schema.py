@@ -262,21 +262,21 @@ class GatesParams:
     # token gates (gating.token_gates): classifiers x targets, trained on the on-policy traces
     kinds: tuple[GateKind, ...] = ("logistic", "lightgbm", "mlp")
     targets: tuple[GateTarget, ...] = ("critical", "mismatch")
-    # the critical target's row weights: a critical token weighs 1 + impact_weight x its impact (0 = all 1)
-    impact_weight: NonNegFloat = 0.0
+    impact_weight: NonNegFloat = 0.0  # the critical target's row weights: 1 + impact_weight x impact (0 = all 1)
     verify: VerifyName = "alone"  # what goes up with a flagged token (decoding.gates)
     # R of the rank rule a flagged token may be judged by besides decode.rank's; chosen per language on
     # validation (pipeline.verify_rank); () = decode's rule only
     verify_ranks: tuple[Count, ...] = ()
     baselines: tuple[ScoreGate, ...] = ("entropy",)  # rule gates evaluated at the same budgets, per token and per block
+    # the per-token entropy baseline's temperatures: one chosen per budget and language on validation (pipeline.gates)
+    entropy_temperatures: Annotated[tuple[Positive, ...], Field(min_length=1)] = (1.0,)
     budgets: Annotated[tuple[Share, ...], Field(min_length=1)] = (0.05, 0.1)  # target escalation rates rho*
     # the oracle at a budget: every token judged, the first k the cloud replaces replaced, one row per
     # k (decoding.verify.Rank.max_corrections); () = only the unlimited oracle
     oracle_corrections: tuple[Count, ...] = ()
     eval_clips: Int = 0  # test clips per language for the gate evaluation (0 = all)
-    # the oracle, the per-token baselines and the critical-target gates run on all `eval_clips`; the
-    # per-block baselines, the other targets and the other verification variant on the first
-    # `detail_clips` of them (0 = the same)
+    # the per-block baselines, the other targets' gates and the other verification variant run on the
+    # first `detail_clips` of `eval_clips` (0 = all of them), every other row on all
     detail_clips: Int = 0
     registry_name: str = "speccap-gate"
     promote_budget: Share = 0.1  # the budget the champion is chosen at (quality on validation)

@@ -156,3 +156,21 @@ def test_judged_mismatches_keep_what_wisvs_head_reads(pair, audio, traced):
     for row in labels:
         if row["mismatch"] and "h_edge" not in row:
             assert row["token"] == eos or row["cloud_token"] == eos or row["pos"] >= len(labels) - 1
+
+
+def test_each_token_keeps_its_entropy_at_every_temperature_of_the_grid(pair, audio, traced):
+    """The entropy column at temperature 1 is the gate feature's entropy; the other temperatures
+    move it (what tuning the entropy gate reads), the same along the edge's own caption or a
+    committed one."""
+    from speccap.gating.features import TOKEN_SCALARS
+    edge, cloud = pair
+    x0, labels0, _ = traced
+    assert "entropy_at" not in labels0[0]  # no grid: no column
+    grid = ShadowSettings(2, 0.5, MAX, entropy_temperatures=(0.5, 1.0, 2.0))
+    x, labels, _ = shadow_caption(edge, cloud, audio[1], "en", REFS, "neutral", grid)
+    at = np.array([row["entropy_at"] for row in labels])
+    np.testing.assert_allclose(at[:, 1], x[:, TOKEN_SCALARS.index("entropy")], rtol=1e-5)
+    assert (at[:, 0] < at[:, 1]).all() and (at[:, 1] < at[:, 2]).all()  # sharper / flatter
+    ids = edge_only(edge, audio[1], "en", MAX).token_ids
+    _, labels2, _ = shadow_caption(edge, cloud, audio[1], "en", REFS, "neutral", grid, committed=ids)
+    np.testing.assert_allclose([row["entropy_at"] for row in labels2], at, rtol=1e-4)

@@ -120,6 +120,8 @@ def shadow_table(seed: int, clips: int = 150, per_clip: int = 20) -> pd.DataFram
     df = pd.DataFrame({"clip_id": [f"c{seed}-{i // per_clip}" for i in range(n)], "language": lang, "pos": pos,
                        "token": x[:, len(TOKEN_SCALARS)].astype(int), "eos": EOS, "mismatch": labels["mismatch"],
                        "critical": labels["critical"], "impact": labels["critical"] * 5.0})
+    # each token's entropy at the default temperatures (1 alone): the entropy feature itself
+    df["entropy_at"] = list(x[:, [TOKEN_SCALARS.index("entropy")]].astype(float))
     return pd.concat([df, pd.DataFrame(x, columns=[f"x{k}" for k in range(x.shape[1])])], axis=1)
 
 

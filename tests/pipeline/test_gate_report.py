@@ -32,6 +32,20 @@ def test_configs_hold_the_oracle_both_entropy_levels_the_chosen_gates_and_the_ot
     assert len({c.name for c in configs}) == len(configs)  # every run has its own name (and records)
 
 
+def test_the_entropy_rows_run_at_the_temperature_tuned_for_their_budget_and_language():
+    p = params_from_dict({"gates": {"budgets": [0.05, 0.1], "promote_budget": 0.1}})
+    tuned = _gates_json()
+    tuned["gates"]["entropy"]["temperature"] = {"0.05": {"en": 0.5, "zh": 1.0}, "0.1": {"en": 2.0, "zh": 1.0}}
+    configs, tags = gate_configs(p, tuned)
+    ent = {(c.language, tags[c]["budget"]): c for c in configs if c in tags and tags[c]["gate_name"] == "entropy"}
+    assert ent["en", 0.05].gate_temperature == 0.5 and ent["en", 0.1].gate_temperature == 2.0
+    plain, plain_tags = gate_configs(p, _gates_json())  # temperature 1: the untuned rows, records and all
+    assert {c for c in plain if plain_tags.get(c, {}).get("gate_name") == "entropy" and c.language == "zh"} \
+        == {ent["zh", 0.05], ent["zh", 0.1]}
+    block = [c for c in configs if c in tags and tags[c]["gate_name"] == "entropy-block"]
+    assert all(c.gate_temperature is None for c in block)  # UGSD's block gate stays as published
+
+
 def test_token_rows_judge_flagged_tokens_by_the_rank_chosen_per_language():
     p = params_from_dict({"decode": {"rule": "rank", "rank": 2}, "gates": {"budgets": [0.1], "promote_budget": 0.1}})
     plain, _ = gate_configs(p, _gates_json())

@@ -99,3 +99,45 @@ def test_the_gain_target_is_chosen_by_the_gain_it_captures_and_leads_as_the_firs
     top = np.argsort(-scores[en])[:int(np.ceil(0.1 * en.sum()))]
     expect = gain_val[en][top].sum() / gain_val[en].sum()
     assert captured(val, scores, [0.1])["0.1"]["en"] == pytest.approx(expect)
+
+
+def _with_temperatures(df, seed):
+    """entropy_at at T = 0.5, 1, 2: noise at 0.5, the table's entropy at 1, and at 2 a score that
+    follows the tokens' gain (the temperature tuning must find it)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    gain = df["impact"].to_numpy(float)
+    ent = np.stack(df["entropy_at"].to_numpy())[:, 0]
+    df = df.copy()
+    df["entropy_at"] = list(np.stack([rng.random(len(df)), ent, gain + rng.random(len(df))], axis=1))
+    return df
+
+
+def test_the_entropy_baseline_takes_the_temperature_whose_flags_capture_most_gain(tmp_path):
+    import numpy as np
+
+    from speccap.pipeline.gates import entropy_section
+    p = params_from_dict({"models": {"dir": str(tmp_path)}, "gates": {
+        "budgets": [0.05, 0.1], "entropy_temperatures": [0.5, 1.0, 2.0], "kinds": ["logistic"]}})
+    val = _with_temperatures(shadow_table(1), 1)
+    result = train_gates(p, _with_temperatures(shadow_table(0), 0), val)
+    ent = result["gates"]["entropy"]
+    at = np.stack(val["entropy_at"].to_numpy())
+    for b in ("0.05", "0.1"):
+        for lang in ("en", "zh"):
+            assert ent["temperature"][b][lang] == 2.0
+            assert ent["captured_by_temperature"]["2"][b][lang] > ent["captured_by_temperature"]["1"][b][lang]
+            mask = (val["language"] == lang).to_numpy()
+            flagged = (at[mask, 2] > ent["thresholds"][b][lang]).mean()  # the budget's share, at T = 2
+            assert abs(flagged - float(b)) < 0.01
+    text = entropy_section(ent)
+    assert "| en | 0.05 | 2 |" in text and "0.5, 1, 2" in text
+
+
+def test_entropy_tuning_names_the_traces_when_they_lack_the_temperatures(tmp_path):
+    p = params_from_dict({"models": {"dir": str(tmp_path)}, "gates": {"entropy_temperatures": [0.5, 1.0],
+                                                                      "kinds": ["logistic"]}})
+    with pytest.raises(ValueError, match=r"val\.parquet keeps the entropy at 1 temperatures.*names 2"):
+        train_gates(p, shadow_table(0), shadow_table(1))
+    with pytest.raises(ValueError, match=r"val\.parquet has no column entropy_at.*dvc repro traces"):
+        train_gates(p, shadow_table(0), shadow_table(1).drop(columns="entropy_at"))

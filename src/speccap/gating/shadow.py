@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..decoding.stats import Block, audio_summary, cloud_scalars, token_stats
+from ..decoding.stats import Block, audio_summary, cloud_scalars, tempered_entropies, token_stats
 from ..decoding.verify import cloud_rank
 from ..models.base import AudioLM
 from ..models.generate import autoregress, continue_greedy, greedy
@@ -47,6 +47,9 @@ class ShadowSettings:
     rank: int = 2  # R: a mismatch is a token the rank rule would replace
     critical_margin: float = 1.0  # quality points (x100) a correction must gain to be critical
     max_new_tokens: int = 128
+    # the entropy of the edge's distribution at each of these temperatures, per token (column
+    # entropy_at): what the entropy gate's temperature is tuned on
+    entropy_temperatures: tuple[float, ...] = ()
 
 
 def impact(fix: tuple[float, float], keep: tuple[float, float], with_emotion: bool) -> float:
@@ -57,16 +60,19 @@ def impact(fix: tuple[float, float], keep: tuple[float, float], with_emotion: bo
     return (3 * (fix[0] - keep[0]) + 100 * (fix[1] - keep[1])) / 4
 
 
-def edge_trajectory(edge: AudioLM, mel: np.ndarray, language: str, max_new_tokens: int) -> Block:
+def edge_trajectory(edge: AudioLM, mel: np.ndarray, language: str, max_new_tokens: int,
+                    temperatures=(), entropies: list | None = None) -> Block:
     """The edge's greedy caption as one block: tokens (the end token included when it comes),
     their statistics and the hidden state before each (block.context), as a token gate sees them
-    in the loop."""
+    in the loop; with `entropies`, each token's entropies at `temperatures` appended to it."""
     block = Block(start=0, audio=audio_summary(mel), language=language)
     sess = edge.start(mel, language, hidden=True)
     state = [sess.prefill_hidden]  # the state after what the cache holds
 
     def seen(_, tok, logits):
         stats, _ = token_stats(logits, tok)
+        if entropies is not None:
+            entropies.append(tempered_entropies(logits, temperatures))
         block.tokens.append(tok)
         block.stats.append(stats)
         block.context.append(state[0].half().float())
@@ -80,13 +86,14 @@ def edge_trajectory(edge: AudioLM, mel: np.ndarray, language: str, max_new_token
 
 
 def trajectory_block(edge: AudioLM, mel: np.ndarray, language: str, committed: list[int],
-                     max_new_tokens: int) -> Block:
+                     max_new_tokens: int, temperatures=(), entropies: list | None = None) -> Block:
     """What the edge drafted at each position of a committed caption (token ids, no end token): its
     greedy token given the committed prefix, with the statistics and the hidden state before it
     that a token gate reads there, and one position past the caption (the end it drafted, or the
     token the cloud replaced by the end) unless the caption is `max_new_tokens` long. One
     teacher-forced pass over the caption: everything a gate reads at a position comes from the
-    committed prefix before it."""
+    committed prefix before it. With `entropies`, each position's entropies at `temperatures`
+    appended to it."""
     block = Block(start=0, audio=audio_summary(mel), language=language)
     sess = edge.start(mel, language, hidden=True)
     rows, states = [sess.prefill_logits], [sess.prefill_hidden]
@@ -98,6 +105,8 @@ def trajectory_block(edge: AudioLM, mel: np.ndarray, language: str, committed: l
     for j in range(n):
         tok = int(rows[j].argmax())
         stats, _ = token_stats(rows[j], tok)
+        if entropies is not None:
+            entropies.append(tempered_entropies(rows[j], temperatures))
         block.tokens.append(tok)
         block.stats.append(stats)
         block.context.append(states[j].half().float())
@@ -123,11 +132,12 @@ def shadow_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str
     """One clip's trace: (token feature rows, one label dict per token, the caption traced). Without
     `committed`, the edge's own caption; with it, the caption a gated loop committed (DAgger)."""
     eos = edge.eos_token_id
+    temps, entropies = settings.entropy_temperatures, []
     if committed is None:
-        block = edge_trajectory(edge, mel, language, settings.max_new_tokens)
+        block = edge_trajectory(edge, mel, language, settings.max_new_tokens, temps, entropies)
         path = [t for t in block.tokens if t != eos]
     else:
-        block = trajectory_block(edge, mel, language, committed, settings.max_new_tokens)
+        block = trajectory_block(edge, mel, language, committed, settings.max_new_tokens, temps, entropies)
         path = list(committed)
     dim = int(block.context[0].shape[-1]) if block.context else 0
     x = token_rows(block, dim, eos)
@@ -149,6 +159,8 @@ def shadow_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str
         labels.append({"pos": j, "token": tok, "eos": eos, "cloud_rank": rank, "cloud_token": correction,
                        "mismatch": rank > settings.rank, "impact": 0.0, "impact_quality": 0.0,
                        "impact_emotion": 0.0, "critical": False, "kept": kept[j]})
+        if temps:
+            labels[j]["entropy_at"] = entropies[j]
         if rank > settings.rank:
             _wisv_inputs(labels[j], block, cloud_states, rows[j], kept[j], eos)
             prefix = path[:j]

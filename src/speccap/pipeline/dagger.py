@@ -49,7 +49,8 @@ def round_settings(params: Params, name: str):
     saved = json.loads(blob)
     settings = DaggerSettings(rank=params.decode.rank, critical_margin=params.gates.traces.critical_margin,
                               max_new_tokens=params.models.max_new_tokens, gate=name, threshold=saved["threshold"],
-                              verify=params.gates.verify, gate_sha=hashlib.sha256(blob).hexdigest()[:12])
+                              verify=params.gates.verify, gate_sha=hashlib.sha256(blob).hexdigest()[:12],
+                              entropy_temperatures=tuple(params.gates.entropy_temperatures))
     return settings, model_of(saved, name)
 
 

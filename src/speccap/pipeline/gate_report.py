@@ -27,7 +27,7 @@ from ..metrics.bootstrap import ClipStats, gap_closed, interval
 from .ceiling import CEILING_TEXT, ceiling_lines, on_ceiling_clips
 from .gate_names import CEILING, KEYS, ORACLE, is_oracle, oracle_name
 from .gate_pareto import pareto_data, pareto_plot
-from .gates import BLOCK_SUFFIX, main_gate
+from .gates import BLOCK_SUFFIX, entropy_section, main_gate
 from .markdown import md_table
 from .papers_hardware import papers_parts, papers_seconds
 from .quality_table import format_ci, format_share
@@ -36,6 +36,13 @@ from .verify_rank import default_rank, rule_fields
 from .verify_rank import section as verify_rank_section
 
 OUT = Path("reports/gates")
+
+
+def tuned_temperature(entry: dict, budget: float, lang: str) -> float | None:
+    """The temperature a rule baseline was tuned to at this budget (pipeline.gates.tune_entropy);
+    None where it has none or it is 1 (so its configuration is the untuned one)."""
+    t = entry.get("temperature", {}).get(str(budget), {}).get(lang)
+    return None if t in (None, 1.0) else float(t)
 
 
 def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dict[RunConfig, dict]]:
@@ -63,7 +70,8 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
         for b in g.budgets:
             for rule in g.baselines:
                 thr = gates_json["gates"][rule]["thresholds"][str(b)][lang]
-                cfg = RunConfig("ugsd", lang, rule, float(thr), 0, token=g.verify, **tok)
+                cfg = RunConfig("ugsd", lang, rule, float(thr), 0, token=g.verify,
+                                gate_temperature=tuned_temperature(gates_json["gates"][rule], b, lang), **tok)
                 tags[cfg] = {"gate_name": rule, "budget": b, "detail": False}
                 thr = gates_json["gates"][rule + BLOCK_SUFFIX]["thresholds"][str(b)][lang]
                 block = RunConfig("ugsd", lang, rule, float(thr), d.block_len, **base)
@@ -124,9 +132,10 @@ def _stats(c: dict) -> ClipStats:
 
 
 def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: list[dict] | None = None,
-                      verify_rank: dict | None = None) -> dict:
+                      verify_rank: dict | None = None, entropy: dict | None = None) -> dict:
     """`dagger`: the gates stage's DAgger rounds (gates.json "dagger"), shown in their own section;
-    `verify_rank`: its choice of R for flagged tokens (gates.json "verify_rank"), likewise."""
+    `verify_rank`: its choice of R for flagged tokens (gates.json "verify_rank"), likewise; `entropy`:
+    the entropy baseline's entry (its tuned temperatures), likewise."""
     out.mkdir(parents=True, exist_ok=True)
     ok = [c for c in summary["configs"] if c["status"] == "FINISHED" and c.get("clip_stats")]
     rows, result = [], {"languages": {}}
@@ -165,6 +174,9 @@ def build_gate_report(params: Params, summary: dict, out: Path = OUT, dagger: li
         lang_res["targets"] = _targets(per_gate, params, keys)
         lang_res["ceiling"] = ceiling_lines(per_gate, keys)
     text = _markdown(params, summary, result, rows)
+    if entropy and entropy.get("temperature"):
+        result["entropy_temperature"] = entropy["temperature"]
+        text.append("\n" + entropy_section(entropy))
     if verify_rank and verify_rank.get("validation"):
         result["verify_rank"] = verify_rank
         text.append("\n" + verify_rank_section(verify_rank))
@@ -311,7 +323,7 @@ def _targets(per_gate: dict, params: Params, keys: list[str]) -> dict:
                 rec["ceiling"] = {k: {"ceiling": ceil[f"gap_closed_{k}"]["value"],
                                       "gate": e["on_ceiling_clips"][k]["value"]} for k in keys}
             out["gates"].setdefault(name, []).append(rec)
-            parts = [f"{n} {format_ci(rec[k]['share'])}% (entropy per token / per block "
+            parts = [f"{n} {format_ci(rec[k]['share'])}% (tuned entropy per token / entropy per block "
                      + " / ".join("–" if v is None else f"{v:.0f}" for v in rec[k]["entropy_point"].values())
                      + ("" if rec[k]["oracle"] is None else f"; oracle {rec[k]['oracle']:.0f}") + ")"
                      for k, n in KEYS if k in keys]

@@ -11,7 +11,9 @@ best validation AUC on that target, for `gain` (a regression: no class to rank) 
 captured at gates.promote_budget, averaged over the languages. The first target of
 gates.targets is the main one (`main_gate`): DAgger decodes with its chosen gate, the verify-R
 choice and the test evaluation's full-size rows use it. The rule baselines get thresholds
-for the same budgets from the same traces: `entropy` per token, and `entropy-block` per block of
+for the same budgets from the same traces: `entropy` per token (at the temperature of
+gates.entropy_temperatures whose flags capture the most validation gain at the budget:
+`tune_entropy`), and `entropy-block` per block of
 gates.traces.block_len tokens (UGSD's gate; the traces' caption cut into blocks as the loop would
 draft them while it escalates nothing). Each learned gate is saved as a self-contained gate file,
 models/gates/<name>.gate.json (gating.gate_file: the classifier, its thresholds per budget, how it
@@ -32,6 +34,7 @@ from ..gating.features import TOKEN_SCALARS
 from ..gating.gate_file import SUFFIX, gate_document, write_gate
 from ..gating.learned import rule_token_scores, threshold_for_budget
 from ..gating.token_gates import TokenGateModel, fit_token_gate, impact_weights, target_values, threshold_for_share
+from .markdown import md_table
 from .saved import gate_dir
 from .traces import features_of
 
@@ -150,12 +153,57 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
         result["gates"][rule] = {"kind": "rule", "target": "-", "level": "token",
                                  "thresholds": _rule_units(rule, _thresholds(val, s, g.budgets)),
                                  "auc_mismatch": roc_auc(y["mismatch"], s), "auc_critical": roc_auc(y["critical"], s)}
+        if rule == "entropy":
+            result["gates"][rule] |= tune_entropy(val, g.budgets, g.entropy_temperatures)
         blocks = _block_thresholds(val, s, g.budgets, params.gates.traces.block_len)
         result["gates"][rule + BLOCK_SUFFIX] = {"kind": "rule", "target": "-", "level": "block",
                                                 "thresholds": _rule_units(rule, blocks)}
     calibration_plot(curves, out / "calibration.png")
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def tune_entropy(val: pd.DataFrame, budgets, temperatures) -> dict:
+    """The per-token entropy baseline at its best temperature, per budget and language: among
+    `temperatures`, the one whose flags at the budget capture the most of the validation tokens'
+    gain (`captured`, the criterion the gain gates are chosen by; a tie goes to the temperature
+    nearest 1). Returns its thresholds and temperatures, and what every temperature captured."""
+    if "entropy_at" not in val.columns:
+        raise ValueError("data/traces/val.parquet has no column entropy_at (each token's entropy at "
+                         "params gates.entropy_temperatures): trace again (dvc repro traces)")
+    at = np.stack(val["entropy_at"].to_numpy()).astype(float)
+    if at.shape[1] != len(temperatures):
+        raise ValueError(f"data/traces/val.parquet keeps the entropy at {at.shape[1]} temperatures, params "
+                         f"gates.entropy_temperatures names {len(temperatures)}: trace again (dvc repro traces)")
+    by_t = {float(t): captured(val, at[:, k], budgets) for k, t in enumerate(temperatures)}
+    out = {"thresholds": {}, "temperature": {}, "captured_by_temperature": {f"{t:g}": c for t, c in by_t.items()}}
+    for b in budgets:
+        out["thresholds"][str(b)], out["temperature"][str(b)] = {}, {}
+        for lang in sorted(val["language"].unique()):
+            best = max(by_t, key=lambda t: (round(by_t[t][str(b)][lang], 12), -abs(np.log(t))))
+            mask = (val["language"] == lang).to_numpy()
+            k = list(by_t).index(best)
+            out["thresholds"][str(b)][lang] = threshold_for_share(at[mask, k], b)
+            out["temperature"][str(b)][lang] = best
+    return out
+
+
+def entropy_section(entry: dict) -> str:
+    """gates.md's account of the entropy baseline's tuning: per budget and language the temperature
+    chosen, and the validation gain its flags capture against temperature 1's."""
+    by_t = entry["captured_by_temperature"]
+    rows = []
+    for b, per in entry["temperature"].items():
+        for lang, t in per.items():
+            raw = by_t.get("1", {}).get(b, {}).get(lang)
+            rows.append([lang, b, f"{t:g}", "–" if raw is None else f"{100 * raw:.1f}",
+                         f"{100 * by_t[f'{t:g}'][b][lang]:.1f}"])
+    return ("## The entropy baseline's temperature (validation traces)\n\n"
+            "The `entropy` rows score each token by the entropy of softmax(logits / T), with T chosen per budget and "
+            f"language among {', '.join(by_t)} (`gates.entropy_temperatures`): the one whose flags at the budget "
+            "hold the most of the validation tokens' gain, the criterion the gain gates are chosen by. Captured: "
+            "the share (%) of that gain the flags hold.\n\n"
+            + md_table(["lang", "budget rho*", "T", "captured at T = 1 %", "captured at T %"], rows) + "\n")
 
 
 def _choice_key(entry: dict, target: str, budget: float) -> float:

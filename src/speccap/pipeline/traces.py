@@ -42,7 +42,8 @@ def trace_settings(params: Params):
     from ..gating.shadow import ShadowSettings
     t = params.gates.traces
     return ShadowSettings(rank=params.decode.rank, critical_margin=t.critical_margin,
-                          max_new_tokens=params.models.max_new_tokens)
+                          max_new_tokens=params.models.max_new_tokens,
+                          entropy_temperatures=tuple(params.gates.entropy_temperatures))
 
 
 def traces_key(params: Params, settings=None) -> str:
@@ -87,6 +88,7 @@ class DaggerSettings:
     threshold: dict
     verify: str
     gate_sha: str
+    entropy_temperatures: tuple[float, ...] = ()
 
 
 def dagger_one(w: workers.Worker, job: tuple) -> dict:
@@ -99,7 +101,8 @@ def dagger_one(w: workers.Worker, job: tuple) -> dict:
     def committed(mel, language):
         settings = build_decoder(spec, learned=workers.learned_gates(w.params, w.cache))
         return speculative(w.edge, w.cloud, mel, language, settings, Link(w.params.link, seed=w.params.seed)).token_ids
-    return _shadow_record(w, job, ShadowSettings(d.rank, d.critical_margin, d.max_new_tokens), committed)
+    return _shadow_record(w, job, ShadowSettings(d.rank, d.critical_margin, d.max_new_tokens, d.entropy_temperatures),
+                          committed)
 
 
 def _frame(rec: dict) -> pd.DataFrame:
