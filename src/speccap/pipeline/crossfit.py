@@ -103,14 +103,16 @@ def pool_folds(summary: dict, configs: list[RunConfig], tags: dict[RunConfig, di
         if cfg is None or cfg.fold is None:
             keep.append(row)
             continue
-        # one row per gate and budget: the folds' thresholds differ, so the budget tells them apart
+        # one row per gate and budget: the folds' thresholds (and the entropy baseline's tuned
+        # temperatures) differ, so the budget tells them apart
         tag = tags[cfg]
-        key = (dataclasses.replace(cfg, fold=None, threshold=None), tag["gate_name"], tag["budget"])
+        key = (dataclasses.replace(cfg, fold=None, threshold=None, gate_temperature=None), tag["gate_name"],
+               tag["budget"])
         groups.setdefault(key, []).append((cfg, row))
     for (pooled, _, budget), members in groups.items():
         tag = {k: v for k, v in tags[members[0][0]].items() if k != "fold"}
-        folds = {cfg.fold: {"config_id": row["config_id"], "threshold": cfg.threshold, "clips": row["clips"]}
-                 for cfg, row in members}
+        folds = {cfg.fold: {"config_id": row["config_id"], "threshold": cfg.threshold,
+                            "gate_temperature": cfg.gate_temperature, "clips": row["clips"]} for cfg, row in members}
         head = {"config_id": "+".join(row["config_id"] for _, row in members),
                 "name": f"{pooled.name}-rho{budget:g}-crossfit", **pooled.to_dict(), **tag, "folds": folds}
         failed = [row for _, row in members if row["status"] != "FINISHED"]
