@@ -1,4 +1,5 @@
-"""DVC stage `promote`: the best learned gate on validation gets alias `champion` in the MLflow
+"""DVC stage `promote`: the best learned gate on validation (by the share of both gaps it closes,
+against edge-only and cloud-only on the same clips) gets alias `champion` in the MLflow
 registry if it beats the current champion at the same budget; the decision and why go to
 reports/promotion.json and onto the model version. The champion ships as its gate file,
 models/champion.gate.json (gating.gate_file, stamped with its registered name and version): the
@@ -18,7 +19,7 @@ from speccap.gating.gate_file import write_gate
 from speccap.models.base import shared_vocab
 from speccap.models.loading import load_role
 from speccap.pipeline.gates import read_gates_json
-from speccap.pipeline.promote import decide, evaluate_gate, validation_clips
+from speccap.pipeline.promote import decide, evaluate_ends, evaluate_gate, validation_clips
 from speccap.pipeline.saved import champion_path, gate_from_document, load_gate
 from speccap.project import portable_path
 from speccap.tracking import Tracker
@@ -35,10 +36,11 @@ def promote_flow(params_path: str | None = None) -> dict:
     shared_vocab(edge, cloud)
     clips = validation_clips(params)
     budget = params.gates.promote_budget
+    ends = evaluate_ends(edge, cloud, params, clips)  # the gaps every gate is scored on
     candidates = {}
     for name in dict.fromkeys(gates_json["chosen"].values()):  # per target, the classifier chosen on validation
         gate = load_gate(params, name)  # at the promote budget's threshold
-        candidates[name] = evaluate_gate(edge, cloud, gate, params, clips) | {
+        candidates[name] = evaluate_gate(edge, cloud, gate, params, clips, ends) | {
             "gates_key": gates_json["gates_key"], "version": gates_json["versions"][name]}
     tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "promote")
     name = params.gates.registry_name
@@ -46,12 +48,12 @@ def promote_flow(params_path: str | None = None) -> dict:
     champ_score = None
     if champ is not None:
         champ_score = evaluate_gate(edge, cloud, gate_from_document(tracker.load_gate(name, "champion"), name="champion"),
-                                    params, clips)
+                                    params, clips, ends)
     decision = decide(candidates, champ, champ_score)
     if decision["promote"]:
         tracker.promote(name, candidates[decision["promote"]]["version"], decision["reason"])
     shipped = write_gate(champion_path(params), tracker.load_gate(name, "champion"))
-    result = {"budget": budget, "candidates": candidates, "champion_before": champ, "champion_score": champ_score,
+    result = {"budget": budget, "ends": ends, "candidates": candidates, "champion_before": champ, "champion_score": champ_score,
               **decision, "champion_after": tracker.champion(name), "shipped": portable_path(shipped)}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1, default=str))

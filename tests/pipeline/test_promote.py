@@ -13,6 +13,19 @@ def test_the_score_weighs_bleu1_and_the_emotion_hit_alike():
     assert score_of(70.0, None) == 70.0  # clips without emotion labels: BLEU-1 alone
 
 
+def test_with_edge_and_cloud_the_score_is_the_mean_share_of_both_gaps_closed():
+    ends = {"edge": {"bleu1": 60.0, "emotion_hit_rate": 30.0}, "cloud": {"bleu1": 70.0, "emotion_hit_rate": 80.0}}
+    # half the BLEU-1 gap (5 of 10 points) and 80% of the emotion gap (40 of 50): 65%, where the
+    # mean of the raw numbers would weigh the emotion's wider gap five times as much
+    assert score_of(65.0, 70.0, ends) == 65.0
+    assert score_of(70.0, 55.0, ends) > score_of(63.0, 78.0, ends)  # the raw mean says the opposite
+    assert score_of(70.0, 55.0) < score_of(63.0, 78.0)
+    flat = {"edge": {"bleu1": 60.0, "emotion_hit_rate": 50.0}, "cloud": {"bleu1": 70.0, "emotion_hit_rate": 50.0}}
+    assert score_of(65.0, 90.0, flat) == 50.0  # no emotion gap on these clips: BLEU-1's share alone
+    none = {"edge": {"bleu1": 70.0, "emotion_hit_rate": None}, "cloud": {"bleu1": 70.0, "emotion_hit_rate": None}}
+    assert score_of(65.0, None, none) == 65.0  # nothing to close: BLEU-1 itself
+
+
 def test_first_champion_is_the_best_candidate_by_score_not_bleu1():
     d = decide(CAND, None, None)
     # logistic-mismatch has the higher BLEU-1 but the lower mean of BLEU-1 and emotion hit

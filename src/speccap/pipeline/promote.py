@@ -2,9 +2,11 @@
 
 Candidates and the current champion are compared on the same validation clips at the same budget
 (each gate's threshold for `gates.promote_budget`, its flagged tokens judged by the R it carries
-for the language). Score: the gates' two targets, BLEU-1 and the emotion hit rate (%), averaged
-per language and then over the languages; BLEU-1 alone where the clips carry no emotion label
-(the verify-R choice of pipeline.verify_rank ranks by the same mean).
+for the language). Score: how much of both gaps the gate closes, the gates' two targets. Edge-only
+and cloud-only caption the same clips; per language the score is the mean of the share (%) of the
+BLEU-1 gap and of the emotion-hit gap the gate closes, then the mean over the languages. A metric
+whose gap is not positive on these clips (nothing to close) is left out, and a language with
+neither falls back to the mean of BLEU-1 and the emotion hit rate (BLEU-1 alone without labels).
 A candidate that is the champion already (same gate file) is not re-promoted; a candidate that is
 not strictly better leaves the alias where it is. The decision and its reason are returned (and
 recorded on the model version by the flow).
@@ -18,7 +20,7 @@ from ..batching.lockstep import decode_all
 from ..config import Params, gate_decode
 from ..data.featurize import load_clip_features
 from ..decoding.build import DecodeSpec, build_decoder
-from ..decoding.engine import speculative
+from ..decoding.engine import cloud_only, edge_only, speculative
 from ..decoding.link import Link
 from ..metrics.bootstrap import bleu1_emotion
 from ..metrics.caption import score_captions
@@ -32,16 +34,46 @@ def validation_clips(params: Params) -> dict[str, list[dict]]:
             for lang in params.data.languages}
 
 
-def score_of(bleu1: float, emotion_hit_rate: float | None) -> float:
-    """A language's promotion score: the mean of BLEU-1 and the emotion hit rate, or BLEU-1 alone
-    without emotion labels."""
+def score_of(bleu1: float, emotion_hit_rate: float | None, ends: dict | None = None) -> float:
+    """A language's promotion score: with `ends` ({"edge": ..., "cloud": ...}, each {"bleu1",
+    "emotion_hit_rate"} on the same clips), the mean share (%) of the positive gaps closed; without
+    (or with no positive gap), the mean of BLEU-1 and the emotion hit rate, or BLEU-1 alone without
+    emotion labels."""
+    got = {"bleu1": bleu1, "emotion_hit_rate": emotion_hit_rate}
+    shares = [] if ends is None else [
+        100 * (got[k] - ends["edge"][k]) / (ends["cloud"][k] - ends["edge"][k]) for k in got
+        if got[k] is not None and ends["edge"][k] is not None and ends["cloud"][k] - ends["edge"][k] > 0]
+    if shares:
+        return statistics.fmean(shares)
     return bleu1 if emotion_hit_rate is None else bleu1_emotion(bleu1, emotion_hit_rate)
 
 
-def evaluate_gate(edge, cloud, gate, params: Params, clips: dict[str, list[dict]]) -> dict:
-    """Per language BLEU-1, emotion hit rate and score (score_of), their means over the languages
-    ("bleu1", "emotion_hit_rate" when every language has one, "score"), and rho, of UGSD with
-    `gate` on the clips."""
+def _scored(made: list, recs: list[dict], lang: str) -> dict:
+    s = score_captions([r.caption for r in made], [r["references"] for r in recs], lang,
+                       [r.get("emotion") for r in recs])
+    return {"bleu1": s.bleu1, "emotion_hit_rate": s.emotion_hit_rate}
+
+
+def evaluate_ends(edge, cloud, params: Params, clips: dict[str, list[dict]]) -> dict:
+    """Per language, edge-only's and cloud-only's BLEU-1 and emotion hit rate on the clips: the ends
+    of the gaps a gate is scored on."""
+    n, link = params.models.max_new_tokens, Link(params.link, seed=params.seed)
+    out = {}
+    for lang, recs in clips.items():
+        def edge_one(e, c, rec, lang=lang):
+            return edge_only(e, load_clip_features(params.data.processed_dir, rec["id"])[0], lang, n)
+
+        def cloud_one(e, c, rec, lang=lang):
+            return cloud_only(c, load_clip_features(params.data.processed_dir, rec["id"])[0], lang, link, n)
+        out[lang] = {end: _scored(decode_all(edge, cloud, fn, recs, params.sweep.batch), recs, lang)
+                     for end, fn in (("edge", edge_one), ("cloud", cloud_one))}
+    return out
+
+
+def evaluate_gate(edge, cloud, gate, params: Params, clips: dict[str, list[dict]], ends: dict | None = None) -> dict:
+    """Per language BLEU-1, emotion hit rate and score (score_of, against `ends` when given: see
+    evaluate_ends), their means over the languages ("bleu1", "emotion_hit_rate" when every language
+    has one, "score"), and rho, of UGSD with `gate` on the clips."""
     out, per = {}, {}
     rhos = []
     for lang, recs in clips.items():
@@ -55,11 +87,9 @@ def evaluate_gate(edge, cloud, gate, params: Params, clips: dict[str, list[dict]
             return speculative(e, c, mel, lang, settings, Link(params.link, seed=params.seed))
 
         made = decode_all(edge, cloud, one, recs, params.sweep.batch)
-        caps = [r.caption for r in made]
         rhos.extend(r.metrics()["rho"] for r in made)
-        s = score_captions(caps, [r["references"] for r in recs], lang, [r.get("emotion") for r in recs])
-        per[lang] = {"bleu1": s.bleu1, "emotion_hit_rate": s.emotion_hit_rate,
-                     "score": score_of(s.bleu1, s.emotion_hit_rate)}
+        per[lang] = _scored(made, recs, lang)
+        per[lang]["score"] = score_of(per[lang]["bleu1"], per[lang]["emotion_hit_rate"], (ends or {}).get(lang))
     out["languages"] = per
     for key in ("bleu1", "emotion_hit_rate", "score"):
         vals = [v[key] for v in per.values()]
