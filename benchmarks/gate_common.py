@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from speccap.config import Params
 from speccap.metrics.bootstrap import ClipStats, difference, gap_closed
 from speccap.metrics.caption import score_captions
+from speccap.pipeline.traces import TRACE_DIR, clip_table
 
 KEYS = (("bleu1", "BLEU-1"), ("emotion_hit_rate", "emotion hit"))
 GATES_JSON = Path("models/gates/gates.json")
@@ -78,3 +81,25 @@ def write_report(out: Path, stem: str, payload: dict, lines: list[str]) -> None:
     (out / f"{stem}.json").write_text(json.dumps(payload, indent=1))
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def stage_traces(params) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The traces the `gates` stage trained on (the first ones + every DAgger round's train traces)
+    and the validation traces its thresholds came from (the last round's, else the first)."""
+    path = TRACE_DIR / "train.parquet"
+    if not path.exists():
+        raise SystemExit(f"{path}: not found; run `dvc repro gates` here first")
+    train, val = [pd.read_parquet(path)], pd.read_parquet(TRACE_DIR / "val.parquet")
+    for k in range(1, params.gates.dagger.rounds + 1):
+        tables = {}
+        for split in ("train", "val"):
+            frames = []
+            for lang in params.data.languages:
+                f = Path("data/dagger") / f"round{k}" / f"{split}.{lang}.jsonl"
+                if not f.exists():
+                    raise SystemExit(f"{f}: not found; run `dvc repro gates` here first")
+                frames += [clip_table(json.loads(x), lang) for x in f.read_text(encoding="utf-8").splitlines() if x]
+            tables[split] = pd.concat(frames, ignore_index=True)
+        train.append(tables["train"])
+        val = tables["val"]
+    return pd.concat(train, ignore_index=True), val

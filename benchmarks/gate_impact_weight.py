@@ -22,7 +22,6 @@ import json
 import sys
 from pathlib import Path
 
-import pandas as pd
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +29,18 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import load_models  # noqa: E402
-from gate_common import ci_cells, clip_stats, gate_eval_run, paired_columns, read_gates, read_records, references, rho, write_report  # noqa: E402
+from gate_common import (  # noqa: E402
+    ci_cells,
+    clip_stats,
+    gate_eval_run,
+    paired_columns,
+    read_gates,
+    read_records,
+    references,
+    rho,
+    stage_traces,
+    write_report,
+)
 
 from speccap.config import gate_decode, load_params  # noqa: E402
 from speccap.gating.features import TOKEN_SCALARS  # noqa: E402
@@ -38,30 +48,8 @@ from speccap.gating.token_gates import LearnedTokenGate, fit_token_gate, impact_
 from speccap.pipeline.gates import end_token  # noqa: E402
 from speccap.pipeline.saved import load_gate  # noqa: E402
 from speccap.pipeline.sweep import eval_clips  # noqa: E402
-from speccap.pipeline.traces import TRACE_DIR, clip_table, features_of  # noqa: E402
+from speccap.pipeline.traces import features_of  # noqa: E402
 from speccap.pipeline.verify_rank import default_rank, rank_config  # noqa: E402
-
-
-def stage_traces(params) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The traces the `gates` stage trained on (the first ones + every DAgger round's train traces)
-    and the validation traces its thresholds came from (the last round's, else the first)."""
-    path = TRACE_DIR / "train.parquet"
-    if not path.exists():
-        raise SystemExit(f"{path}: not found; run `dvc repro gates` here first")
-    train, val = [pd.read_parquet(path)], pd.read_parquet(TRACE_DIR / "val.parquet")
-    for k in range(1, params.gates.dagger.rounds + 1):
-        tables = {}
-        for split in ("train", "val"):
-            frames = []
-            for lang in params.data.languages:
-                f = Path("data/dagger") / f"round{k}" / f"{split}.{lang}.jsonl"
-                if not f.exists():
-                    raise SystemExit(f"{f}: not found; run `dvc repro gates` here first")
-                frames += [clip_table(json.loads(x), lang) for x in f.read_text(encoding="utf-8").splitlines() if x]
-            tables[split] = pd.concat(frames, ignore_index=True)
-        train.append(tables["train"])
-        val = tables["val"]
-    return pd.concat(train, ignore_index=True), val
 
 
 def main() -> None:

@@ -184,6 +184,7 @@ def render_summary() -> str:
             t = temps.get(str(b), {}).get(lang)
             rows += [(f"entropy gate, per token{'' if t is None else f' (T = {t:g}, tuned on validation)'}", b,
                       at("entropy", b)),
+                     ("entropy gate, per token, T = 1 (untuned)", b, at("entropy (T = 1)", b)),
                      (f"learned gate `{champion}` (promoted: what ships)", b, at(champion, b)),
                      (f"ceiling (best choice of corrections, first {(at('ceiling', b) or {}).get('clips', '?')} "
                       "clips)", b, at("ceiling", b))]

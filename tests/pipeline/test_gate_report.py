@@ -36,9 +36,14 @@ def test_the_entropy_rows_run_at_the_temperature_tuned_for_their_budget_and_lang
     p = params_from_dict({"gates": {"budgets": [0.05, 0.1], "promote_budget": 0.1}})
     tuned = _gates_json()
     tuned["gates"]["entropy"]["temperature"] = {"0.05": {"en": 0.5, "zh": 1.0}, "0.1": {"en": 2.0, "zh": 1.0}}
+    tuned["gates"]["entropy"]["untuned_thresholds"] = {"0.05": {"en": 1.5, "zh": 0.8}, "0.1": {"en": 1.2, "zh": 0.6}}
     configs, tags = gate_configs(p, tuned)
     ent = {(c.language, tags[c]["budget"]): c for c in configs if c in tags and tags[c]["gate_name"] == "entropy"}
     assert ent["en", 0.05].gate_temperature == 0.5 and ent["en", 0.1].gate_temperature == 2.0
+    # where tuning moved the temperature, the untuned rule runs beside it at its own threshold
+    raw = {(c.language, tags[c]["budget"]): c for c in configs if c in tags and tags[c]["gate_name"] == "entropy (T = 1)"}
+    assert set(raw) == {("en", 0.05), ("en", 0.1)}
+    assert (raw["en", 0.05].gate_temperature, raw["en", 0.05].threshold) == (None, 1.5)
     plain, plain_tags = gate_configs(p, _gates_json())  # temperature 1: the untuned rows, records and all
     assert {c for c in plain if plain_tags.get(c, {}).get("gate_name") == "entropy" and c.language == "zh"} \
         == {ent["zh", 0.05], ent["zh", 0.1]}

@@ -130,6 +130,13 @@ def test_the_entropy_baseline_takes_the_temperature_whose_flags_capture_most_gai
             mask = (val["language"] == lang).to_numpy()
             flagged = (at[mask, 2] > ent["thresholds"][b][lang]).mean()  # the budget's share, at T = 2
             assert abs(flagged - float(b)) < 0.01
+    # the thresholds at temperature 1 kept beside: the budget's share of the entropy feature
+    from speccap.gating.features import TOKEN_SCALARS
+    from speccap.pipeline.traces import features_of
+    raw = features_of(val)[:, TOKEN_SCALARS.index("entropy")]
+    for b in ("0.05", "0.1"):
+        mask = (val["language"] == "zh").to_numpy()
+        assert abs((raw[mask] > ent["untuned_thresholds"][b]["zh"]).mean() - float(b)) < 0.01
     text = entropy_section(ent)
     assert "| en | 0.05 | 2 |" in text and "0.5, 1, 2" in text
 

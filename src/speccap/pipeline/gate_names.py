@@ -1,5 +1,6 @@
 """The names of the gate evaluation's rows: the oracle (every token judged, the first k corrections
-at a budget), the ceiling (pipeline.ceiling), and the two metrics every row is held to."""
+at a budget), the ceiling (pipeline.ceiling), a rule baseline at temperature 1 beside its tuned row,
+and the two metrics every row is held to."""
 
 from __future__ import annotations
 
@@ -14,3 +15,8 @@ def oracle_name(k: int | None = None) -> str:
 
 def is_oracle(name: str) -> bool:
     return name == ORACLE or name.startswith(f"{ORACLE} (first ")
+
+
+def untuned_name(rule: str) -> str:
+    """A rule baseline's row at temperature 1, shown where tuning chose another (shown, not a target)."""
+    return f"{rule} (T = 1)"

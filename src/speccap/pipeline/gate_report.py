@@ -25,7 +25,7 @@ from ..config import Params, gate_decode
 from ..decoding.gates import VERIFY
 from ..metrics.bootstrap import ClipStats, gap_closed, interval
 from .ceiling import CEILING_TEXT, ceiling_lines, on_ceiling_clips
-from .gate_names import CEILING, KEYS, ORACLE, is_oracle, oracle_name
+from .gate_names import CEILING, KEYS, ORACLE, is_oracle, oracle_name, untuned_name
 from .gate_pareto import pareto_data, pareto_plot
 from .gates import BLOCK_SUFFIX, entropy_section, main_gate
 from .markdown import md_table
@@ -69,10 +69,15 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
             tags[capped] = {"gate_name": oracle_name(k), "budget": None, "detail": False}
         for b in g.budgets:
             for rule in g.baselines:
-                thr = gates_json["gates"][rule]["thresholds"][str(b)][lang]
-                cfg = RunConfig("ugsd", lang, rule, float(thr), 0, token=g.verify,
-                                gate_temperature=tuned_temperature(gates_json["gates"][rule], b, lang), **tok)
+                entry = gates_json["gates"][rule]
+                thr, temp = entry["thresholds"][str(b)][lang], tuned_temperature(entry, b, lang)
+                cfg = RunConfig("ugsd", lang, rule, float(thr), 0, token=g.verify, gate_temperature=temp, **tok)
                 tags[cfg] = {"gate_name": rule, "budget": b, "detail": False}
+                if temp is not None:  # beside it, the untuned rule at its own threshold: what tuning changed
+                    raw = RunConfig("ugsd", lang, rule, float(entry["untuned_thresholds"][str(b)][lang]), 0,
+                                    token=g.verify, **tok)
+                    tags[raw] = {"gate_name": untuned_name(rule), "budget": b, "detail": False}
+                    configs.append(raw)
                 thr = gates_json["gates"][rule + BLOCK_SUFFIX]["thresholds"][str(b)][lang]
                 block = RunConfig("ugsd", lang, rule, float(thr), d.block_len, **base)
                 tags[block] = {"gate_name": rule + BLOCK_SUFFIX, "budget": b, "detail": True}

@@ -153,8 +153,9 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
         result["gates"][rule] = {"kind": "rule", "target": "-", "level": "token",
                                  "thresholds": _rule_units(rule, _thresholds(val, s, g.budgets)),
                                  "auc_mismatch": roc_auc(y["mismatch"], s), "auc_critical": roc_auc(y["critical"], s)}
-        if rule == "entropy":
-            result["gates"][rule] |= tune_entropy(val, g.budgets, g.entropy_temperatures)
+        if rule == "entropy":  # at its tuned temperature; the thresholds at temperature 1 kept beside
+            entry = result["gates"][rule]
+            entry |= {"untuned_thresholds": entry["thresholds"]} | tune_entropy(val, g.budgets, g.entropy_temperatures)
         blocks = _block_thresholds(val, s, g.budgets, params.gates.traces.block_len)
         result["gates"][rule + BLOCK_SUFFIX] = {"kind": "rule", "target": "-", "level": "block",
                                                 "thresholds": _rule_units(rule, blocks)}
