@@ -49,7 +49,8 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "wisv_head": ("seed", "wisv.traces", "wisv.kappa", "wisv.policy_temperature", "wisv.budget_min",
                   "wisv.budget_max", "wisv.csi_draws", "wisv.hidden", "wisv.dropout", "wisv.epochs", "wisv.lr",
                   "wisv.rank", "wisv.scalars", "wisv.weight_decay", "wisv.patience", "wisv.labels",
-                  "wisv.critical_weight", "wisv.tau", "wisv.registry_name", "gates.traces", "data.trace_references",
+                  "wisv.critical_weight", "wisv.tau", "wisv.registry_name", "gates.traces", "gates.entropy_temperatures",
+                  "data.trace_references",
                   "decode.rank", "sweep.batch", *_MODELS, "data.languages", "tracking.experiment"),
     # its edge-only, cloud-only and greedy runs read decode's temperature and clocks, and the link
     "wisv_eval": ("seed", "wisv", "decode.rank", "decode.temperature", "decode.edge_time_scale",

@@ -206,3 +206,26 @@ def test_the_ceiling_has_its_rows_its_reach_and_the_gates_distance_to_it_on_its_
     text = (tmp_path / "gates.md").read_text()
     assert "## The ceiling at each budget" in text and "| en | ceiling | 0.03 | 4 |" in text
     assert (tmp_path / "pareto.png").stat().st_size > 0
+
+
+def test_cross_fitting_leaves_out_the_untuned_entropy_row_that_only_some_folds_would_have(tmp_path):
+    from speccap.pipeline.crossfit import crossfit_configs
+    from speccap.pipeline.saved import gate_dir
+    p = params_from_dict({"models": {"dir": str(tmp_path)}, "data": {"cross_fit": {"folds": 3}},
+                          "gates": {"budgets": [0.05, 0.1], "promote_budget": 0.1}})
+    for f, t in enumerate((0.5, 1.0, 1.0)):  # fold 0 tuned to 0.5 everywhere, the others kept 1
+        own = _gates_json()
+        own["gates"]["entropy"] |= {"temperature": {b: {"en": t, "zh": t} for b in ("0.05", "0.1")},
+                                    "untuned_thresholds": own["gates"]["entropy"]["thresholds"]}
+        gate_dir(p, f).mkdir(parents=True)
+        (gate_dir(p, f) / "gates.json").write_text(json.dumps(own))
+    configs, tags = crossfit_configs(p, _gates_json())
+    names = {tags[c]["gate_name"] for c in configs if c in tags}
+    assert "entropy" in names and "entropy (T = 1)" not in names
+    folds = {}
+    for c in configs:
+        if c in tags and tags[c].get("fold") is not None:
+            folds.setdefault((tags[c]["gate_name"], tags[c]["budget"], c.language), set()).add(tags[c]["fold"])
+    assert folds and all(f == {0, 1, 2} for f in folds.values())  # every gated row in every fold
+    tuned = [c for c in configs if c in tags and tags[c]["gate_name"] == "entropy" and tags[c].get("fold") == 0]
+    assert tuned and all(c.gate_temperature == 0.5 for c in tuned)

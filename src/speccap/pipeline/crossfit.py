@@ -24,6 +24,7 @@ import pandas as pd
 from ..config import Params
 from ..data.manifest import read_jsonl
 from .folds import referenced_clips, val_fold
+from .gate_names import untuned_name
 from .gate_report import gate_configs
 from .gates import train_gates
 from .saved import gate_dir
@@ -71,14 +72,16 @@ def fold_gates_json(params: Params, fold: int, shipped: dict) -> dict:
 
 def crossfit_configs(params: Params, shipped: dict) -> tuple[list[RunConfig], dict[RunConfig, dict]]:
     """gate_configs with each gated configuration once per fold (its own gate and thresholds) and
-    the gate-free ones (edge, cloud, the oracle) once."""
+    the gate-free ones (edge, cloud, the oracle) once. Without the entropy rule's row at T = 1: each
+    fold tunes its own temperature, so that row would exist in some folds and not in others."""
     configs, tags = gate_configs(params, shipped)
     out = [c for c in configs if tags.get(c, {}).get("budget") is None]
     out_tags = {c: tags[c] for c in out if c in tags}
+    untuned = {untuned_name(rule) for rule in params.gates.baselines}
     for f in range(params.data.cross_fit.folds):
         fold_cfgs, fold_tags = gate_configs(params, fold_gates_json(params, f, shipped))
         for c in fold_cfgs:
-            if fold_tags.get(c, {}).get("budget") is not None:
+            if fold_tags.get(c, {}).get("budget") is not None and fold_tags[c]["gate_name"] not in untuned:
                 cf = dataclasses.replace(c, fold=f)
                 out.append(cf)
                 out_tags[cf] = fold_tags[c] | {"fold": f}
