@@ -3,12 +3,14 @@ the decode stage's edge-only and cloud-only records) and scored per clip."""
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
-from speccap.config import Params
+from speccap.config import Params, load_params
 from speccap.metrics.bootstrap import ClipStats, difference, gap_closed
 from speccap.metrics.caption import score_captions
 from speccap.pipeline.traces import TRACE_DIR, clip_table
@@ -34,6 +36,19 @@ def clip_stats(records: list[dict], clips: list[dict], language: str, source: Pa
 
 def rho(records: list[dict]) -> float:
     return sum(r["transmitted"] for r in records) / max(sum(r["drafted"] for r in records), 1)
+
+
+def start(doc: str, more: Callable[[argparse.ArgumentParser], None] | None = None
+          ) -> tuple[argparse.Namespace, Params, dict]:
+    """A gate benchmark's command line (--params, --out and what `more` adds, described by the first
+    paragraph of `doc`), its params and the gates stage's gates.json."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--out", default="reports")
+    if more is not None:
+        more(ap)
+    args = ap.parse_args()
+    return args, load_params(args.params), read_gates()
 
 
 def read_gates() -> dict:

@@ -16,7 +16,6 @@ here is not worth the loop computing it. Run after `dvc repro gates`:
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -26,9 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gate_common import read_gates, stage_traces, write_report  # noqa: E402
+from gate_common import stage_traces, start, write_report  # noqa: E402
 
-from speccap.config import load_params  # noqa: E402
 from speccap.gating.features import TOKEN_SCALARS  # noqa: E402
 from speccap.gating.token_gates import fit_token_gate  # noqa: E402
 from speccap.pipeline.gates import captured, end_token  # noqa: E402
@@ -39,12 +37,7 @@ BUDGETS = (0.03, 0.05, 0.07, 0.1)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--out", default="reports")
-    args = ap.parse_args()
-    params = load_params(args.params)
-    gates = read_gates()
+    args, params, gates = start(__doc__)
     train, val = stage_traces(params)
     x, xv = features_of(train), features_of(val)
     extra = {split: np.stack(df["entropy_at"].to_numpy()).astype(np.float32) for split, df in

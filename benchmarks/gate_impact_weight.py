@@ -17,7 +17,6 @@ bootstrap CIs and the paired difference stage - refit. Run after `dvc repro gate
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -34,15 +33,15 @@ from gate_common import (  # noqa: E402
     clip_stats,
     gate_eval_run,
     paired_columns,
-    read_gates,
     read_records,
     references,
     rho,
     stage_traces,
+    start,
     write_report,
 )
 
-from speccap.config import gate_decode, load_params  # noqa: E402
+from speccap.config import gate_decode  # noqa: E402
 from speccap.gating.features import TOKEN_SCALARS  # noqa: E402
 from speccap.gating.token_gates import LearnedTokenGate, fit_token_gate, impact_weights, threshold_for_share  # noqa: E402
 from speccap.pipeline.gates import end_token  # noqa: E402
@@ -53,14 +52,9 @@ from speccap.pipeline.verify_rank import default_rank, rank_config  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--weight", type=float, default=0.0, help="the refit's w: a critical token weighs 1 + w x its "
-                    "impact (default 0: unweighted)")
-    ap.add_argument("--out", default="reports")
-    args = ap.parse_args()
-    params = load_params(args.params)
-    gates = read_gates()
+    args, params, gates = start(__doc__, lambda ap: ap.add_argument(
+        "--weight", type=float, default=0.0, help="the refit's w: a critical token weighs 1 + w x its impact "
+        "(default 0: unweighted)"))
     name = gates["chosen"]["critical"]
     stage_model = load_gate(params, name).model
     train, val = stage_traces(params)

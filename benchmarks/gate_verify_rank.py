@@ -18,7 +18,6 @@ evaluation's; only the verification differs. Run after `dvc repro gate_eval`:
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -26,21 +25,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gate_common import ci_cells, clip_stats, gate_eval_run, paired_columns, read_gates, read_records, references, rho, write_report  # noqa: E402
+from gate_common import ci_cells, clip_stats, gate_eval_run, paired_columns, read_records, references, rho, start, write_report  # noqa: E402
 
-from speccap.config import load_params  # noqa: E402
 from speccap.pipeline.sweep import eval_clips, run_config  # noqa: E402
 from speccap.pipeline.verify_rank import rank_config  # noqa: E402
 from speccap.pipeline.workers import Pool  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--out", default="reports")
-    args = ap.parse_args()
-    params = load_params(args.params)
-    gates = read_gates()
+    args, params, gates = start(__doc__)
     name = gates["chosen"]["critical"]
     verify = gates.get("verify", "alone")
     runs_dir = Path(args.out) / "gate_verify_rank"
