@@ -13,9 +13,10 @@ from pathlib import Path
 from prefect import flow
 
 from flows import stage_main
-from flows.sweep_runner import run_sweep
+from flows.sweep_hooks import sweep_hooks
 from speccap.config import load_params, materialize
 from speccap.pipeline.sweep import build_configs, sweep_clips
+from speccap.pipeline.sweep_run import run_sweep
 
 SUMMARY = Path("reports/decode_summary.json")
 # edge-only and cloud-only alone: the gate evaluation reads these, and they change only when those
@@ -29,7 +30,8 @@ def decode_flow(params_path: str | None = None, overrides: dict | None = None) -
     params_path = materialize(params_path, overrides)
     params = load_params(params_path)
     configs = build_configs(params)
-    summary = run_sweep(params, params_path, "decode", configs, sweep_clips(params), params.sweep.runs_dir)
+    summary = run_sweep(params, params_path, "decode", configs, sweep_clips(params), params.sweep.runs_dir,
+                        hooks=sweep_hooks())
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     refs = [{k: v for k, v in c.items() if k != "worker"} for c in summary["configs"] if c["method"] in ("edge", "cloud")]

@@ -13,7 +13,7 @@ from pathlib import Path
 from prefect import flow
 
 from flows import stage_main
-from flows.sweep_runner import run_sweep
+from flows.sweep_hooks import sweep_hooks
 from speccap.config import load_params, materialize
 from speccap.pipeline import folds
 from speccap.pipeline.ceiling import run_ceiling
@@ -22,6 +22,7 @@ from speccap.pipeline.folds import referenced_clips
 from speccap.pipeline.gate_report import OUT, build_gate_report, decode_references, gate_clips, gate_configs
 from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.sweep import eval_clips
+from speccap.pipeline.sweep_run import run_sweep
 from speccap.pipeline.verify_rank import default_rank
 
 REFERENCES = Path("reports/references.json")  # the decode stage's edge-only and cloud-only rows
@@ -48,7 +49,7 @@ def gate_eval_flow(params_path: str | None = None, overrides: dict | None = None
     have = {(r["method"], r["language"]) for r in reused}
     configs = [c for c in configs if (c.method, c.language) not in have]
     summary = run_sweep(params, params_path, "gate_eval", configs, clips_of, str(RUNS),
-                        extra_fp=gates_json["gates_key"], run_tags=lambda c: tags.get(c, {}))
+                        extra_fp=gates_json["gates_key"], run_tags=lambda c: tags.get(c, {}), hooks=sweep_hooks())
     if crossfit:
         summary = pool_folds(summary, configs, tags, clips_of, RUNS)
     summary["configs"] += reused

@@ -12,12 +12,13 @@ from pathlib import Path
 from prefect import flow
 
 from flows import stage_main
-from flows.sweep_runner import run_sweep
+from flows.sweep_hooks import sweep_hooks
 from speccap.config import load_params, materialize
 from speccap.pipeline import folds
 from speccap.pipeline.folds import SHIPPED_VAL_FOLD, referenced_clips
 from speccap.pipeline.saved import head_path
 from speccap.pipeline.sweep import eval_clips
+from speccap.pipeline.sweep_run import run_sweep
 from speccap.pipeline.wisv import OUT, build_wisv_report, wisv_configs
 
 
@@ -37,7 +38,8 @@ def wisv_eval_flow(params_path: str | None = None, overrides: dict | None = None
                  for lang in params.data.languages}
     else:
         clips = {lang: eval_clips(params, lang)[: n or None] for lang in params.data.languages}
-    summary = run_sweep(params, params_path, "wisv_eval", wisv_configs(params), clips, str(Path("reports/wisv_runs")))
+    summary = run_sweep(params, params_path, "wisv_eval", wisv_configs(params), clips, str(Path("reports/wisv_runs")),
+                        hooks=sweep_hooks())
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     result = build_wisv_report(params, summary, head, OUT)

@@ -1,6 +1,6 @@
 """The package's import graph, every import counted (inside functions too): no circles, and each
-layer imports only the layers below it: flows, cli -> caption_commands, preflight -> pipeline -> serving, gating -> decoding, batching ->
-models, metrics -> data -> config and the shared utilities."""
+layer imports only the layers below it: flows, cli -> caption_commands, preflight -> pipeline -> tracking (the one MLflow module) -> serving,
+gating -> decoding, batching -> models, metrics -> data -> config and the shared utilities."""
 
 import importlib.util
 import sys
@@ -14,8 +14,8 @@ _spec.loader.exec_module(stage_deps)
 # lower number = lower layer; a module may import its own package and any lower layer
 LAYERS = {"config": 0, "params_schema": 0, "params_types": 0, "params_cluster": 0, "params_uplink": 0, "stage_params": 0, "params_reads": 0,
           "fanout": 0, "numba_cache": 0, "kernels": 0, "run_views": 0, "project": 0, "speccap": 0,
-          "data": 1, "models": 2, "metrics": 2, "decoding": 3, "batching": 3, "gating": 4, "serving": 4, "pipeline": 5,
-          "tracking": 5, "preflight": 6, "caption_commands": 6, "cli": 7, "flows": 8}
+          "data": 1, "models": 2, "metrics": 2, "decoding": 3, "batching": 3, "gating": 4, "serving": 4, "tracking": 5,
+          "pipeline": 6, "preflight": 7, "caption_commands": 7, "cli": 8, "flows": 9}
 
 
 def _graph() -> dict[str, set[str]]:

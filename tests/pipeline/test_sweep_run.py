@@ -1,0 +1,68 @@
+"""A sweep without Prefect: configurations over the pool, a nested MLflow run each, a failure kept as a
+FAILED run while the others go on, a rerun that redoes only what failed, and the hooks a flow lends."""
+
+import dataclasses
+
+import pytest
+
+from speccap.pipeline.sweep import RunConfig, eval_clips
+from speccap.pipeline.sweep_run import SweepHooks, run_sweep
+from speccap.tracking import Tracker
+
+
+@pytest.fixture
+def sweep_params(tiny_project, tmp_path):
+    params, _, params_file = tiny_project
+    params = dataclasses.replace(params, tracking=dataclasses.replace(
+        params.tracking, uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="sweep-run"))
+    return params, str(params_file)
+
+
+def test_each_configuration_is_a_run_a_failure_is_kept_and_a_rerun_redoes_only_it(sweep_params, tmp_path):
+    params, params_file = sweep_params
+    good, bad = RunConfig("edge", "en"), RunConfig("ugsd", "en", "no-such-gate", 0.5, 2)
+    wrapped = []
+
+    def task(fn):  # what a flow's Prefect task does: wraps the captioning of each configuration
+        def run(cfg, *args):
+            wrapped.append(cfg.name)
+            return fn(cfg, *args)
+        return run
+
+    hooks = SweepHooks(task=task)
+    first = run_sweep(params, params_file, "decode", [good, bad], _clips(params),
+                      str(tmp_path / "runs"), hooks=hooks)
+    rows = {c["name"]: c for c in first["configs"]}
+    assert rows[good.name]["status"] == "FINISHED" and rows[good.name]["metrics"]["bleu1"] >= 0
+    assert rows[good.name]["clip_stats"]["ids"] == [c["id"] for c in _clips(params)["en"]]
+    assert rows[bad.name]["status"] == "FAILED" and "no-such-gate" in rows[bad.name]["error"]
+    assert sorted(wrapped) == sorted([good.name, bad.name])
+    tracker = Tracker(params.tracking.uri, params.tracking.experiment)
+    nested = [r for r in tracker.runs() if "config_id" in r["tags"]]
+    assert sorted((r["name"], r["status"]) for r in nested) == sorted([(bad.name, "FAILED"), (good.name, "FINISHED")])
+
+    records = tmp_path / "runs" / f"{rows[good.name]['config_id']}.jsonl"
+    written = records.stat().st_mtime_ns
+    again = run_sweep(params, params_file, "decode", [good, bad], _clips(params), str(tmp_path / "runs"))
+    assert again["sweep_key"] == first["sweep_key"] and again["parent_run_id"] == first["parent_run_id"]
+    assert records.stat().st_mtime_ns == written  # its captions were all on disk: none made again
+    nested = [r for r in tracker.runs() if "config_id" in r["tags"]]
+    assert len(nested) == 3 and sum(r["name"] == good.name for r in nested) == 1  # logged once, not twice
+
+
+def test_a_cluster_sweep_needs_the_runner_a_flow_lends(sweep_params, tmp_path):
+    params, params_file = sweep_params
+    params = dataclasses.replace(params, cluster=dataclasses.replace(params.cluster, executor="dask"))
+    with pytest.raises(ValueError, match="cluster.executor: dask.*flows.decode"):
+        run_sweep(params, params_file, "decode", [RunConfig("edge", "en")], _clips(params), str(tmp_path / "runs"))
+    assert not (tmp_path / "runs").exists()
+    sent = []
+    hooks = SweepHooks(cluster=lambda p, path, jobs, runs: sent.extend(jobs) or {k: "lost" for _, k, _ in jobs})
+    out = run_sweep(params, params_file, "decode", [RunConfig("edge", "en")], _clips(params), str(tmp_path / "runs"),
+                    hooks=hooks)
+    assert [cfg for cfg, _, _ in sent] == [RunConfig("edge", "en")]
+    assert out["configs"][0]["status"] == "FAILED" and out["configs"][0]["error"] == "lost"
+
+
+def _clips(params):
+    return {"en": eval_clips(params, "en")[:2]}
