@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -99,16 +101,30 @@ def _references_from_the_cloud(proj: Path, env: dict, mer: Path, names: list[str
 # (family, referenced clips, unlabeled pool clips): with a pool the gates learn from it; without one they
 # are cross-fitted over the referenced clips (3 folds of 4: each fold's gates train on one, threshold on another)
 CASES = {"pool": ("qwen2_5_omni", 4, 8), "cross-fit": ("qwen3_omni_moe", 12, 0)}
+# both cases run at once, each slower than alone
+REPRO_TIMEOUT_S = 2700
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_path, case):
+@dataclass
+class Started:
+    """A case's project, running `dvc repro` in its own process group (its Prefect server included)."""
+    proj: Path
+    env: dict
+    mer: Path
+    names: list[str]
+    reads: Path
+    log: Path
+    proc: subprocess.Popen
+
+
+def _start(tmp: Path, case: str) -> Started:
+    """Lay out a case's checkpoints, MER2024 folder and params, and start its `dvc repro`."""
     family, n_ref, n_pool = CASES[case]
-    proj = _project(tmp_path)
-    _checkpoint(tmp_path / "edge", family)
-    _checkpoint(tmp_path / "cloud", family, noise=0.2)
+    proj = _project(tmp)
+    _checkpoint(tmp / "edge", family)
+    _checkpoint(tmp / "cloud", family, noise=0.2)
     speaker = Speaker()
-    mer = tmp_path / "MER2024"
+    mer = tmp / "MER2024"
     mer.mkdir()
     names = [f"sample_{k:08d}" for k in range(n_ref)]
     rows = [{"name": n, "chinese": "在视频中，他皱着眉；在音频中，语气急促，音量较高。因此，他感到愤怒。",
@@ -123,7 +139,7 @@ def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_pa
     params["data"]["source"] = "mer2024"
     params["data"]["mer2024"]["path"] = str(mer)
     if n_pool:
-        pool = tmp_path / "unlabeled"
+        pool = tmp / "unlabeled"
         pool.mkdir()
         for k in range(n_ref, n_ref + n_pool):
             write_wav(pool / f"clip_{k:03d}.wav", _speech(speaker, k))
@@ -139,19 +155,59 @@ def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(tmp_pa
     ci = params["profiles"]["ci"]
     ci["sweep"] = ci["sweep"] | {"block_lens": [0], "gates": {"entropy": [2.0]}, "in_flight": [], "qs_levels": []}
     ci["gates"] = ci["gates"] | {"oracle_corrections": []}
-    params["models"]["edge"] |= {"backend": family, "path": str(tmp_path / "edge")}
-    params["models"]["cloud"] |= {"backend": family, "path": str(tmp_path / "cloud")}
+    params["models"]["edge"] |= {"backend": family, "path": str(tmp / "edge")}
+    params["models"]["cloud"] |= {"backend": family, "path": str(tmp / "cloud")}
     (proj / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
     env |= {"PYTHONPATH": str(proj / "src"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
     if not n_pool:  # the human references are what the cloud says, as a strong cloud would come close to
         _references_from_the_cloud(proj, env, mer, names)
-    reads = tmp_path / "reads"  # every params key a stage reads on this path (speccap.params_reads)
-    run = subprocess.run(["bash", "scripts/with_prefect.sh", "dvc", "repro"], cwd=proj,
-                         env=env | {"SPECCAP_RECORD_PARAMS": str(reads)}, capture_output=True, text=True, timeout=1800)
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-6000:]
+    reads = tmp / "reads"  # every params key a stage reads on this path (speccap.params_reads)
+    log = tmp / "repro.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(["bash", "scripts/with_prefect.sh", "dvc", "repro"], cwd=proj,
+                                env=env | {"SPECCAP_RECORD_PARAMS": str(reads)}, stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return Started(proj, env, mer, names, reads, log, proc)
+
+
+def _stop(started: Started) -> None:
+    """Stop a repro still running, with the Prefect server its script started (the whole group)."""
+    if started.proc.poll() is None:
+        os.killpg(started.proc.pid, signal.SIGKILL)
+        started.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def repros(request, tmp_path_factory):
+    """Every selected case's `dvc repro`, started at once: a repro keeps about one of two cores busy
+    (each stage's start-up is single-threaded), so the cases overlap instead of queueing. The second
+    case's set-up runs while the first case's repro does."""
+    selected = {item.callspec.params["case"] for item in request.session.items
+                if item.module.__name__ == __name__ and hasattr(item, "callspec")}
+    started: dict[str, Started] = {}
+    try:
+        for case in (c for c in CASES if c in selected):
+            started[case] = _start(tmp_path_factory.mktemp(case), case)
+        yield started
+    finally:
+        for s in started.values():
+            _stop(s)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_real_checkpoints_and_mer2024_run_every_stage_and_ship_a_champion(repros, case):
+    _, n_ref, n_pool = CASES[case]
+    s = repros[case]
+    proj, env, mer, names, reads = s.proj, s.env, s.mer, s.names, s.reads
+    try:
+        returncode = s.proc.wait(timeout=REPRO_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _stop(s)
+        pytest.fail(f"dvc repro of the {case} case ran past {REPRO_TIMEOUT_S} s:\n{s.log.read_text()[-6000:]}")
+    log = s.log.read_text()
+    assert returncode == 0, log[-6000:]
     assert "Traceback" not in log, log[-6000:]
     # ... is one its resolved params make it depend on: a change of any would re-run it
     assert set(STAGE_PARAMS) <= set(recorded(reads)), sorted(recorded(reads))
