@@ -1,6 +1,7 @@
 """The package's import graph, every import counted (inside functions too): no circles, and each
-layer imports only the layers below it: flows, cli -> caption_commands, preflight -> pipeline -> tracking (the one MLflow module) -> serving,
-gating -> decoding, batching -> models, metrics -> data -> config and the shared utilities."""
+layer imports only the layers below it: flows, cli -> caption_commands, preflight -> pipeline -> tracking
+(the one MLflow module) -> serving, gating -> decoding, batching -> models, metrics -> data -> config and the
+shared utilities."""
 
 import importlib.util
 import sys
