@@ -1,8 +1,9 @@
 """DVC stage `privacy`: what the uplink reveals about the speech, as a Prefect flow.
 
 For what the edge sends (`uplink:`) and the candidates of `privacy.candidates`: speech rebuilt
-from each (STOI against the original) and the voice named from each. Writes reports/privacy/ and
-logs one MLflow run per representation in the "<experiment>-privacy" experiment.
+from each by two attackers (STOI against the original), and the voice named and verified from each.
+Writes reports/privacy/ and logs one MLflow run per representation in the "<experiment>-privacy"
+experiment.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ def _metrics(w: dict) -> dict:
     for name, ci in (("stoi", w["stoi"]), ("voice_id", w["voice_id"].get("accuracy"))):
         if ci:
             m |= {name: ci["value"], f"{name}_ci_low": ci["ci_low"], f"{name}_ci_high": ci["ci_high"]}
+    m |= {f"stoi_{k.replace(' ', '_')}": ci["value"] for k, ci in w["stoi_by_attacker"].items()}
     if w["voice_id"]["measured"]:
-        m["commonest_voice"] = w["voice_id"]["majority"]
-        m |= {f"voice_id_{k.replace(' ', '_')}": v for k, v in w["voice_id"]["accuracy_by_attacker"].items()}
+        v = w["voice_id"]
+        m |= {"commonest_voice": v["majority"], "speaker_eer": v["eer"]["value"], "speaker_eer_ci_low": v["eer"]["ci_low"],
+              "speaker_eer_ci_high": v["eer"]["ci_high"]}
+        m |= {f"voice_id_{k.replace(' ', '_')}": x for k, x in v["accuracy_by_attacker"].items()}
     return m
 
 

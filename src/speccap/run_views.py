@@ -35,7 +35,7 @@ HEADLINE = {
     # what an eavesdropper rebuilds from each uplink representation
     "privacy": {"params": ["representation", "bands", "merge", "normalize", "hop"],
                 "metrics": ["stoi", "stoi_ci_low", "stoi_ci_high", "voice_id", "voice_id_ci_low", "voice_id_ci_high",
-                            "commonest_voice", "bytes_per_second"]},
+                            "commonest_voice", "speaker_eer", "bytes_per_second"]},
 }
 VIEW_KEY = "speccap"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"

@@ -27,6 +27,10 @@ def test_privacy_flow_reports_each_representation(own_project, tmp_path):
     assert today["stoi"]["value"] > coarse["stoi"]["value"] > r["floor"]["value"]
     for w in r["wires"]:
         assert w["stoi"]["ci_low"] <= w["stoi"]["value"] <= w["stoi"]["ci_high"]
+        # both attackers rebuilt it; the stronger is the one counted
+        assert set(w["stoi_by_attacker"]) == {"spread back", "learned inverter"}
+        assert w["stoi"] == max(w["stoi_by_attacker"].values(), key=lambda ci: ci["value"])
+        assert 0 <= w["voice_id"]["eer"]["value"] <= 100
     md = Path("reports/privacy/privacy.md").read_text()
     assert "| log-mel 8 bands, hop 1280 | 200 |" in md and "Target (rebuilt-speech STOI at most 0.3" in md
     assert Path("reports/privacy/privacy.png").stat().st_size > 5000
@@ -36,4 +40,5 @@ def test_privacy_flow_reports_each_representation(own_project, tmp_path):
         ("1280", "clip"), ("1280", "none"), ("320", "none")]
     sent = next(x for x in rows if x["params"]["sent_today"] == "True")
     assert sent["metrics"]["stoi"] == pytest.approx(today["stoi"]["value"])
+    assert sent["metrics"]["speaker_eer"] == pytest.approx(today["voice_id"]["eer"]["value"])
     check_view(tracker, "privacy")

@@ -7,7 +7,22 @@ from speccap.config import params_from_dict
 from speccap.data.audio_io import read_audio
 from speccap.data.manifest import manifest_path, read_manifest
 from speccap.data.uplink import Uplink
-from speccap.pipeline.privacy import SHIFT_S, Wire, clip_statistics, levels, rebuild, stoi, voice_id, wires
+from speccap.pipeline.privacy import (
+    ATTACKERS,
+    SHIFT_S,
+    Wire,
+    clip_statistics,
+    equal_error_rate,
+    fit_inverter,
+    invert,
+    levels,
+    rebuild,
+    spread_back,
+    stoi,
+    verification,
+    voice_id,
+    wires,
+)
 from speccap.pipeline.privacy_report import render, target_met
 
 SR, N_FFT = 16000, 400
@@ -68,6 +83,8 @@ def test_voice_identification_against_the_commonest_voice_and_not_without_two_vo
     v = voice_id(views(train), views(test), seed=0)
     assert v["measured"] and v["accuracy"]["value"] == 100.0 and v["voices"] == 2
     assert v["majority"] == pytest.approx(100 * 4 / 7) and set(v["accuracy_by_attacker"]) == {"clip statistics", "frames"}
+    # two voices told apart every time: every same-voice pair scores above every other-voice pair
+    assert v["eer"]["value"] == 0.0 and v["eer_attacker"] in v["eer_by_attacker"]
     # normalising each band over the clip hides the level and spread, not the statistics beyond them
     n = Wire(Uplink(32, 1, "clip"), 128, 320)
     normed = voice_id([(k, n.encode(x, SR, N_FFT)) for k, x in train], [(k, n.encode(x, SR, N_FFT)) for k, x in test], 0)
@@ -78,11 +95,13 @@ def test_voice_identification_against_the_commonest_voice_and_not_without_two_vo
     assert not one["measured"] and "speaker" in one["why"]
 
 
-def _wire(name, stoi_ci, acc_ci, majority=10.0, sent=False):
+def _wire(name, stoi_ci, acc_ci, majority=10.0, sent=False, learned=None):
     ci = dict(zip(("value", "ci_low", "ci_high"), stoi_ci))
     acc = dict(zip(("value", "ci_low", "ci_high"), acc_ci))
-    return {"name": name, "sent": sent, "bytes_per_second": 100.0, "stoi": ci,
-            "voice_id": {"measured": True, "accuracy": acc, "majority": majority, "voices": 10}}
+    by = {ATTACKERS[0]: ci} | ({ATTACKERS[1]: dict(zip(("value", "ci_low", "ci_high"), learned))} if learned else {})
+    return {"name": name, "sent": sent, "bytes_per_second": 100.0, "stoi": ci, "stoi_by_attacker": by,
+            "voice_id": {"measured": True, "accuracy": acc, "majority": majority, "voices": 10,
+                         "eer": {"value": 40.0, "ci_low": 35.0, "ci_high": 45.0}}}
 
 
 def test_the_report_says_which_representation_meets_the_target_and_what_binds():
@@ -92,13 +111,18 @@ def test_the_report_says_which_representation_meets_the_target_and_what_binds():
     loud_voice = _wire("loud voice", (0.2, 0.18, 0.25), (40, 35, 45))
     assert target_met(quiet) and not target_met(loud_voice) and not target_met(today)
     met = render({"clips": 2, "languages": ["en"], "floor": floor, "wires": [today, quiet]})
-    assert "met by quiet" in met and "| quiet | 100 | 0.200 [0.180, 0.250] | 11.0 [8.0, 14.0] (10 voices) |" in met
+    assert "met by quiet" in met and ("| quiet | 100 | 0.200 [0.180, 0.250] | 0.200 [0.180, 0.250] | not measured | "
+                                      "11.0 [8.0, 14.0] (10 voices) | 10.0 | 40.0 [35.0, 45.0] |") in met
     none = render({"clips": 2, "languages": ["en"], "floor": floor, "wires": [today, loud_voice]})
     assert "met by none" in none and "loud voice rebuilds to STOI 0.200" in none and "the voice binds" in none
     loud_words = _wire("loud words", (0.5, 0.45, 0.55), (9, 7, 12))
     words = render({"clips": 2, "languages": ["en"], "floor": floor, "wires": [today, loud_words]})
     assert "the words bind first" in words and "(loud words)" in words
     assert "not in the pipeline (see below)" in none  # a candidate's quality is not claimed
+    assert "at least as much as spreading back" in met
+    weaker = _wire("merged", (0.4, 0.38, 0.42), (20, 18, 22), learned=(0.35, 0.33, 0.37))
+    said = render({"clips": 2, "languages": ["en"], "floor": floor, "wires": [today, weaker]})
+    assert "rebuilds less than spreading back from 1 of 2 representations (merged)" in said
 
 
 def test_without_train_clips_the_voice_is_not_measured_and_without_test_clips_it_stops(tiny_project, tmp_path):
@@ -116,6 +140,8 @@ def test_without_train_clips_the_voice_is_not_measured_and_without_test_clips_it
     r = measure(p, workers=0)
     assert r["clips"] == len(params.data.languages) and not r["wires"][0]["voice_id"]["measured"]
     assert r["wires"][0]["stoi"]["value"] > 0.5
+    # no train clips to learn an inverter from: only spreading back rebuilds
+    assert list(r["wires"][0]["stoi_by_attacker"]) == [ATTACKERS[0]] and r["inverter_train_clips"] == 0
     manifest_path(proc, "test", "zh").unlink()
     with pytest.raises(FileNotFoundError, match=r"no test manifest for zh at .*dvc repro prepare"):
         measure(p, workers=0)
@@ -132,3 +158,36 @@ def test_what_a_correct_caption_says_of_the_speaker_names_the_voice_this_often()
     md = render({"clips": 2, "languages": ["en"], "floor": floor, "named_by_the_caption": got,
                  "wires": [_wire("today", (0.8, 0.78, 0.82), (90, 88, 92), sent=True)]})
     assert "names the voice in 62.5% of test clips" in md
+
+
+def test_the_learned_inverter_rebuilds_pooled_bands_closer_than_spreading_back(tiny_project):
+    params, _, _ = tiny_project
+    recs = [r for lang in params.data.languages for split in ("train", "test")
+            for r in read_manifest(manifest_path(params.data.processed_dir, split, lang))]
+    sent, pooled = Wire(Uplink(), 128, 320), Wire(Uplink(8), 128, 320)
+    mels = [sent.log_mel(read_audio(r["path"], target_sr=SR).samples, SR, N_FFT) for r in recs]
+    held_out, train = mels[0], mels[1:]
+    inverter = fit_inverter([(spread_back(pooled.view(m), pooled, m.shape[1]), m) for m in train])
+    spread = spread_back(pooled.view(held_out), pooled, held_out.shape[1])
+    learned = invert(inverter, spread)
+    assert learned.shape == held_out.shape
+    # within a pooled group spreading back is flat; the inverter learned the spectrum's shape inside it
+    assert ((learned - held_out) ** 2).mean() < 0.8 * ((spread - held_out) ** 2).mean()
+    # and the full log-mel it passes through nearly unchanged
+    full = fit_inverter([(m, m) for m in train])
+    assert np.abs(invert(full, held_out) - held_out).mean() < 0.05
+
+
+def test_the_equal_error_rate_of_pairs_and_of_posteriors():
+    same = np.array([True, True, False, False])
+    assert equal_error_rate(np.array([0.9, 0.8, 0.2, 0.1]), same) == 0.0  # every same pair above every other
+    assert equal_error_rate(np.array([0.1, 0.2, 0.8, 0.9]), same) == 100.0
+    assert equal_error_rate(np.array([0.9, 0.2, 0.8, 0.1]), same) == 50.0
+    assert np.isnan(equal_error_rate(np.array([0.5, 0.4]), np.array([True, True])))  # no other-voice pair
+    rng = np.random.default_rng(0)
+    speakers = np.repeat(np.arange(6), 8)
+    sharp = np.log(np.eye(6)[speakers] * 0.9 + 0.1 / 6)
+    noise = np.log(rng.dirichlet(np.ones(6), size=len(speakers)))
+    told = verification({"sharp": sharp, "noise": noise}, speakers, seed=0)
+    assert told["eer_attacker"] == "sharp" and told["eer"]["value"] == 0.0 and told["eer"]["n"] == len(speakers)
+    assert 30 < told["eer_by_attacker"]["noise"] < 70  # posteriors that know nothing: near chance

@@ -125,6 +125,13 @@ def mean_interval(values, seed: int = 0, resamples: int = RESAMPLES) -> dict:
     return _interval(v.mean(), v[_resamples(len(v), seed, resamples)].mean(1)) | {"n": len(v)}
 
 
+def statistic_interval(n: int, statistic, seed: int = 0, resamples: int = RESAMPLES) -> dict:
+    """{value, ci_low, ci_high, n} of `statistic(clip indices)` over n clips, for a figure that is not a
+    mean of per-clip numbers (an equal error rate over pairs of clips, say): the clips are resampled."""
+    draws = np.array([statistic(idx) for idx in _resamples(n, seed, resamples)], float)
+    return _interval(statistic(np.arange(n)), draws) | {"n": n}
+
+
 def interval(stats: ClipStats, key: str, seed: int = 0, resamples: int = RESAMPLES) -> dict:
     """{value, ci_low, ci_high} of one method's metric."""
     n = len(stats.ids)

@@ -3,14 +3,19 @@ sends, and who is speaking.
 
 The edge sends the cloud a view of the clip's log-mel (`uplink:` params, speccap.data.uplink): the
 log-mel itself by default, float16 on the wire. For that view and the candidates of
-`privacy.candidates` (bands pooled, frames merged, each band's clip level and spread removed), an
-eavesdropper rebuilds a waveform: every pooled value spread back over its bands and frames, a
-normalised view scaled back by the levels typical of train clips, the mel filterbank inverted, then
-Griffin-Lim; STOI scores it against the original (near 0.8 the words are understood), and the clip
-against itself 0.2 s late is the floor. Who is speaking: two classifiers trained on train clips name
-the voice of every test clip, and the stronger counts, against the share of the commonest voice:
-a logistic regression on each clip's per-band statistics (level, spread, movement, low and high
-percentiles), and one on single frames whose log-probabilities are summed over the clip.
+`privacy.candidates` (bands pooled, frames merged, each band's clip level and spread removed), two
+eavesdroppers rebuild a waveform, and the stronger counts:
+- one that learns nothing but typical levels: every pooled value spread back over its bands and
+  frames, a normalised view scaled back by the levels typical of train clips;
+- one that learns to invert the view: a ridge map, fitted on the train clips' (view, log-mel) pairs,
+  from the spread-back view around each frame to the frame's log-mel.
+Then the mel filterbank inverted and Griffin-Lim; STOI scores it against the original (near 0.8 the
+words are understood), and the clip against itself 0.2 s late is the floor. Who is speaking: two
+classifiers retrained on each view of the train clips, and the stronger counts: a logistic
+regression on each clip's per-band statistics (level, spread, movement, low and high percentiles),
+and one on single frames whose log-probabilities are summed over the clip. They name the voice of
+every test clip (against the share of the commonest voice), and their posteriors verify pairs of
+test clips as the same voice or not (equal error rate).
 """
 
 from __future__ import annotations
@@ -26,11 +31,17 @@ from ..data.features import log_mel
 from ..data.manifest import manifest_path, read_manifest
 from ..data.uplink import Uplink
 from ..fanout import fan_out
-from ..metrics.bootstrap import mean_interval
+from ..metrics.bootstrap import mean_interval, statistic_interval
 
 SHIFT_S = 0.2  # the floor: a clip against itself this late (the same voice, the words misaligned)
 GL_ITERS = 64
 FRAMES_PER_CLIP = 8  # frames of each train clip the frame classifier learns from (spread over the clip)
+# the learned inverter: frames of the spread-back view either side of the one it rebuilds, this many apart
+INVERTER_CONTEXT, INVERTER_STRIDE = 1, 2
+INVERTER_RIDGE = 1e-3  # per train frame: the map shrinks toward the spread-back view's own frame
+INVERTER_FRAMES = 60_000  # train frames it is fitted on at most (spread over the clips)
+EER_RESAMPLES = 200  # an equal error rate over all pairs per resample: fewer resamples than a mean's
+ATTACKERS = ("spread back", "learned inverter")  # who rebuilds speech; the stronger counts
 
 
 @dataclass(frozen=True)
@@ -78,11 +89,10 @@ def levels(reps: list[np.ndarray]) -> np.ndarray:
     return np.stack([np.mean([r.mean(1) for r in reps], 0), np.mean([r.std(1) for r in reps], 0)])
 
 
-def rebuild(rep: np.ndarray, wire: Wire, n_frames: int, sr: int, n_fft: int, prior: np.ndarray | None = None) -> np.ndarray:
-    """The attacker: a normalised view scaled back by `prior` (`levels` of train clips), each pooled
-    value spread over its bands and (log-linearly) over its frames, the log scale undone, the mel
-    filterbank inverted, Griffin-Lim for the phase."""
-    import librosa
+def spread_back(rep: np.ndarray, wire: Wire, n_frames: int, prior: np.ndarray | None = None) -> np.ndarray:
+    """The log-mel an attacker who learns nothing but typical levels reads from a view: a normalised view
+    scaled back by `prior` (`levels` of train clips), each pooled value spread over its bands and
+    (linearly) over its frames."""
     v = rep.astype(np.float32)
     if wire.uplink.normalize == "clip" and prior is not None:
         v = v * prior[1][:, None] + prior[0][:, None]
@@ -91,11 +101,48 @@ def rebuild(rep: np.ndarray, wire: Wire, n_frames: int, sr: int, n_fft: int, pri
     if merge > 1 or v.shape[1] != n_frames:
         centres = (np.arange(v.shape[1]) + 0.5) * merge - 0.5
         v = np.stack([np.interp(np.arange(n_frames), centres, row) for row in v])
-    mel = 10.0 ** (4.0 * v - 4.0)  # features.log_mel's scale, undone
+    return v
+
+
+def griffin_lim(log_mel: np.ndarray, hop: int, sr: int, n_fft: int) -> np.ndarray:
+    """A waveform from a log-mel: the log scale undone, the mel filterbank inverted, Griffin-Lim for the phase."""
+    import librosa
+    mel = 10.0 ** (4.0 * log_mel - 4.0)  # features.log_mel's scale, undone
     mag = librosa.feature.inverse.mel_to_stft(mel, sr=sr, n_fft=n_fft, power=2.0, htk=False, norm="slaney",
                                               fmin=0.0, fmax=sr / 2)
-    return librosa.griffinlim(mag, n_iter=GL_ITERS, hop_length=wire.hop, win_length=n_fft, n_fft=n_fft,
+    return librosa.griffinlim(mag, n_iter=GL_ITERS, hop_length=hop, win_length=n_fft, n_fft=n_fft,
                               window="hann", center=True, random_state=0)
+
+
+def rebuild(rep: np.ndarray, wire: Wire, n_frames: int, sr: int, n_fft: int, prior: np.ndarray | None = None,
+            inverter: np.ndarray | None = None) -> np.ndarray:
+    """Speech rebuilt from a view: spread back (`spread_back`), through the learned `inverter` when given."""
+    v = spread_back(rep, wire, n_frames, prior)
+    return griffin_lim(v if inverter is None else invert(inverter, v), wire.hop, sr, n_fft)
+
+
+def _context(v: np.ndarray) -> np.ndarray:
+    """(frames, bands x (2 INVERTER_CONTEXT + 1) + 1): each frame with its neighbours INVERTER_STRIDE
+    apart (the clip's edges repeated) and a constant."""
+    pad = INVERTER_CONTEXT * INVERTER_STRIDE
+    padded = np.pad(v, ((0, 0), (pad, pad)), mode="edge")
+    n = v.shape[1]
+    cols = [padded[:, k * INVERTER_STRIDE:k * INVERTER_STRIDE + n] for k in range(2 * INVERTER_CONTEXT + 1)]
+    return np.hstack([np.concatenate(cols, 0).T, np.ones((n, 1), v.dtype)])
+
+
+def fit_inverter(pairs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The learned attacker's map from the spread-back view around a frame to the frame's log-mel,
+    fitted by ridge regression on train clips' (spread-back view, log-mel) pairs."""
+    x = np.concatenate([_context(v) for v, _ in pairs]).astype(np.float64)
+    y = np.concatenate([m.T for _, m in pairs]).astype(np.float64)
+    keep = np.unique(np.linspace(0, len(x) - 1, min(len(x), INVERTER_FRAMES)).round().astype(int))
+    x, y = x[keep], y[keep]
+    return np.linalg.solve(x.T @ x + INVERTER_RIDGE * len(x) * np.eye(x.shape[1]), x.T @ y).astype(np.float32)
+
+
+def invert(inverter: np.ndarray, v: np.ndarray) -> np.ndarray:
+    return (_context(v.astype(np.float32)) @ inverter).T
 
 
 def stoi(ref: np.ndarray, deg: np.ndarray, sr: int) -> float:
@@ -107,15 +154,16 @@ def stoi(ref: np.ndarray, deg: np.ndarray, sr: int) -> float:
 
 
 def _score_clip(item: tuple) -> dict:
-    """STOI of the speech rebuilt from each wire, and the floor, for one clip (a fan-out task)."""
-    clip_id, path, wire_list, priors, sr, n_fft = item
+    """STOI of the speech each attacker rebuilds from each wire, and the floor, for one clip (a fan-out task)."""
+    clip_id, path, wire_list, priors, inverters, sr, n_fft = item
     x = read_audio(path, target_sr=sr).samples
     shift = int(SHIFT_S * sr)
     floor = stoi(x, np.concatenate([np.zeros(shift, np.float32), x])[: len(x)], sr)
     mel = wire_list[0].log_mel(x, sr, n_fft)
     return {"id": clip_id, "floor": floor,
-            "stoi": [stoi(x, rebuild(w.view(mel), w, mel.shape[1], sr, n_fft, prior), sr)
-                     for w, prior in zip(wire_list, priors)]}
+            "stoi": [{a: stoi(x, rebuild(w.view(mel), w, mel.shape[1], sr, n_fft, prior, inverse), sr)
+                      for a, inverse in zip(ATTACKERS, (None, inverter)) if a == ATTACKERS[0] or inverse is not None}
+                     for w, prior, inverter in zip(wire_list, priors, inverters)]}
 
 
 def _split(params: Params, split: str, per_language: int, required: bool = True) -> list[dict]:
@@ -145,7 +193,8 @@ def _frames(rep: np.ndarray, n: int) -> np.ndarray:
 
 def voice_id(train: list[tuple], test: list[tuple], seed: int) -> dict:
     """How often the stronger of two classifiers names the voice of a test clip, against the commonest
-    voice's share. `train`/`test`: (speaker, view). Not measured (reason given) without two voices."""
+    voice's share, and how well the stronger one's posteriors verify two test clips as one voice (equal
+    error rate %). `train`/`test`: (speaker, view). Not measured (reason given) without two voices."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -158,17 +207,51 @@ def voice_id(train: list[tuple], test: list[tuple], seed: int) -> dict:
     def fit(x, y):
         return make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000, random_state=seed)).fit(x, y)
     per_clip = fit(np.array([clip_statistics(r) for _, r in train]), ytr)
-    by_clip = per_clip.predict(np.array([clip_statistics(r) for _, r in test]))
     frames = [_frames(r, FRAMES_PER_CLIP) for _, r in train]
     per_frame = fit(np.concatenate(frames), np.repeat(ytr, [len(f) for f in frames]))
-    by_frames = np.array([per_frame.classes_[per_frame.predict_log_proba(r.T).sum(0).argmax()] for _, r in test])
-    attackers = {"clip statistics": 100.0 * (by_clip == yte), "frames": 100.0 * (by_frames == yte)}
+    # each test clip's log-posterior over the train voices: a clip's own, or its frames' mean
+    log_post = {"clip statistics": per_clip.predict_log_proba(np.array([clip_statistics(r) for _, r in test])),
+                "frames": np.array([per_frame.predict_log_proba(r.T).mean(0) for _, r in test])}
+    classes = {"clip statistics": per_clip.classes_, "frames": per_frame.classes_}
+    attackers = {k: 100.0 * (classes[k][lp.argmax(1)] == yte) for k, lp in log_post.items()}
     best = max(attackers, key=lambda k: attackers[k].mean())
     _, counts = np.unique(yte, return_counts=True)
     return {"measured": True, "accuracy": mean_interval(attackers[best], seed), "attacker": best,
             "accuracy_by_attacker": {k: float(v.mean()) for k, v in attackers.items()},
             "majority": float(100 * counts.max() / counts.sum()),
-            "voices": int(len(counts)), "train_clips": len(ytr), "test_clips": len(yte)}
+            "voices": int(len(counts)), "train_clips": len(ytr), "test_clips": len(yte)} | verification(log_post, yte, seed)
+
+
+def equal_error_rate(scores: np.ndarray, same: np.ndarray) -> float:
+    """%: where the share of same-voice pairs scored below a threshold equals the share of other-voice
+    pairs scored above it (NaN without pairs of both kinds)."""
+    n_same, n_other = int(same.sum()), int((~same).sum())
+    if not n_same or not n_other:
+        return float("nan")
+    order = np.argsort(-scores, kind="stable")
+    accepted_same = np.cumsum(same[order]) / n_same
+    accepted_other = np.cumsum(~same[order]) / n_other
+    i = int(np.argmin(np.abs((1 - accepted_same) - accepted_other)))
+    return float(100 * ((1 - accepted_same[i]) + accepted_other[i]) / 2)
+
+
+def verification(log_post: dict[str, np.ndarray], speakers: np.ndarray, seed: int) -> dict:
+    """Same voice or not, for every pair of test clips, scored by the cosine of the two clips' square-root
+    posteriors; the attacker with the lower equal error rate counts (its interval: clips resampled)."""
+    def pairs(emb: np.ndarray, idx: np.ndarray) -> float:
+        e, who = emb[idx], speakers[idx]
+        upper = np.triu(np.ones((len(idx), len(idx)), bool), 1) & (idx[:, None] != idx[None, :])
+        return equal_error_rate((e @ e.T)[upper], (who[:, None] == who[None, :])[upper])
+
+    embeddings = {}
+    for k, lp in log_post.items():
+        root = np.exp((lp - lp.max(1, keepdims=True)) / 2)
+        embeddings[k] = root / np.linalg.norm(root, axis=1, keepdims=True)
+    n = len(speakers)
+    eers = {k: pairs(e, np.arange(n)) for k, e in embeddings.items()}
+    best = min(eers, key=lambda k: eers[k])
+    return {"eer": statistic_interval(n, lambda idx: pairs(embeddings[best], idx), seed, EER_RESAMPLES),
+            "eer_attacker": best, "eer_by_attacker": eers}
 
 
 def named_by_the_caption(recs: list[dict]) -> dict:
@@ -188,36 +271,46 @@ def named_by_the_caption(recs: list[dict]) -> dict:
             "groups": len(groups)}
 
 
-def _voiced(recs: list[dict], wire: Wire, sr: int, n_fft: int) -> list[tuple]:
-    """(speaker, log-mel) of the clips that name their speaker."""
-    return [(r["speaker"], wire.log_mel(read_audio(r["path"], target_sr=sr).samples, sr, n_fft))
-            for r in recs if r.get("speaker")]
+def _mels(recs: list[dict], wire: Wire, sr: int, n_fft: int) -> list[tuple]:
+    """(speaker or None, log-mel) of each clip."""
+    return [(r.get("speaker"), wire.log_mel(read_audio(r["path"], target_sr=sr).samples, sr, n_fft)) for r in recs]
+
+
+def _attacks(per_clip: list[dict], i: int, seed: int) -> dict:
+    """Wire i's rebuilt-speech STOI by each attacker, and the stronger one's as its STOI."""
+    by = {a: mean_interval([c["stoi"][i][a] for c in per_clip], seed) for a in ATTACKERS if a in per_clip[0]["stoi"][i]}
+    best = max(by, key=lambda a: by[a]["value"])
+    return {"stoi": by[best], "stoi_attacker": best, "stoi_by_attacker": by}
 
 
 def measure(params: Params, workers: int) -> dict:
-    """Every wire's rebuilt-speech STOI (on `privacy.clips` test clips per language) and voice
-    identification (trained on `privacy.train_clips` per language, tested on every test clip)."""
+    """Every wire's rebuilt-speech STOI by both attackers (on `privacy.clips` test clips per language; the
+    inverter fitted on `privacy.train_clips` per language) and voice identification and verification
+    (trained on those train clips, tested on every test clip)."""
     f, sr, seed = params.features, params.features.sample_rate, params.seed
     wire_list = wires(params)
     scored = _split(params, "test", params.privacy.clips)
     if not scored:
         raise ValueError(f"privacy: no test clips in {params.data.processed_dir} for {list(params.data.languages)}")
-    train = _voiced(_split(params, "train", params.privacy.train_clips, required=False), wire_list[0], sr, f.n_fft)
+    train_all = _mels(_split(params, "train", params.privacy.train_clips, required=False), wire_list[0], sr, f.n_fft)
+    train = [(s, m) for s, m in train_all if s]
     test_recs = _split(params, "test", 0)  # 0 = every test clip
-    test = _voiced(test_recs, wire_list[0], sr, f.n_fft)
+    test = [(s, m) for s, m in _mels(test_recs, wire_list[0], sr, f.n_fft) if s]
     # what a normalised view removed, as typical train clips have it (none without train clips)
-    priors = [levels([w.unnormalised().view(m) for _, m in train]) if w.uplink.normalize == "clip" and train else None
-              for w in wire_list]
-    items = [(r["id"], r["path"], tuple(wire_list), tuple(priors), sr, f.n_fft) for r in scored]
+    priors = [levels([w.unnormalised().view(m) for _, m in train_all]) if w.uplink.normalize == "clip" and train_all
+              else None for w in wire_list]
+    inverters = [fit_inverter([(spread_back(w.view(m), w, m.shape[1], prior), m) for _, m in train_all])
+                 if train_all else None for w, prior in zip(wire_list, priors)]
+    items = [(r["id"], r["path"], tuple(wire_list), tuple(priors), tuple(inverters), sr, f.n_fft) for r in scored]
     per_clip = sorted(fan_out(_score_clip, items, workers if workers > 1 else 0, stage="privacy", key=lambda i: i[0]),
                       key=lambda c: c["id"])
     out = {"clips": len(per_clip), "languages": list(params.data.languages), "gl_iterations": GL_ITERS,
-           "floor": mean_interval([c["floor"] for c in per_clip], seed),
+           "floor": mean_interval([c["floor"] for c in per_clip], seed), "inverter_train_clips": len(train_all),
            "named_by_the_caption": named_by_the_caption(test_recs), "wires": []}
     for i, w in enumerate(wire_list):
         out["wires"].append({"name": w.name, **w.uplink.to_dict(), "n_mels": w.n_mels, "hop": w.hop, "sent": w.sent,
                              "rows": w.uplink.rows(w.n_mels), "bytes_per_second": w.bytes_per_second(sr),
-                             "stoi": mean_interval([c["stoi"][i] for c in per_clip], seed),
+                             **_attacks(per_clip, i, seed),
                              "voice_id": voice_id([(s, w.view(m)) for s, m in train],
                                                   [(s, w.view(m)) for s, m in test], seed)})
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .markdown import interval_text, md_table
-from .privacy import GL_ITERS, SHIFT_S
+from .privacy import ATTACKERS, EER_RESAMPLES, GL_ITERS, INVERTER_CONTEXT, INVERTER_STRIDE, SHIFT_S
 
 STOI_TARGET = 0.3  # at most this: the words are no longer understood
 
@@ -35,22 +35,41 @@ def binding(wires: list[dict]) -> str:
             f"{interval_text(w['stoi'], 3)} ({w['name']}), comes with {named(w)}.")
 
 
-def _voice(v: dict) -> tuple[str, str]:
+def _voice(v: dict) -> tuple[str, str, str]:
     if not v["measured"]:
-        return "not measured", "-"
-    return f"{interval_text(v['accuracy'], 1)} ({v['voices']} voices)", f"{v['majority']:.1f}"
+        return "not measured", "-", "not measured"
+    return f"{interval_text(v['accuracy'], 1)} ({v['voices']} voices)", f"{v['majority']:.1f}", interval_text(v["eer"], 1)
+
+
+def _by_attacker(w: dict) -> list[str]:
+    by = w.get("stoi_by_attacker", {})
+    return [interval_text(by[a], 3) if a in by else "not measured" for a in ATTACKERS]
+
+
+def _weaker_learner(wires: list[dict]) -> str:
+    """Where the learned inverter rebuilds less than spreading back does, said (the stronger counts)."""
+    weaker = [w for w in wires if len(w.get("stoi_by_attacker", {})) == 2
+              and w["stoi_by_attacker"][ATTACKERS[1]]["value"] < w["stoi_by_attacker"][ATTACKERS[0]]["value"]]
+    if not weaker:
+        return "The learned inverter rebuilds at least as much as spreading back from every representation."
+    return (f"The learned inverter rebuilds less than spreading back from {len(weaker)} of {len(wires)} "
+            f"representations ({', '.join(w['name'] for w in weaker)}): fitted for the least squared error on "
+            "the log-mel, it pulls every frame toward the train clips' mean and smooths the envelope STOI "
+            "compares, where linear spreading keeps it. Those rows count the spread-back attacker.")
 
 
 def render(r: dict) -> str:
     rows = []
     for w in r["wires"]:
-        voice, majority = _voice(w["voice_id"])
+        voice, majority, eer = _voice(w["voice_id"])
         # the cloud is trained on what the edge sends: its quality is the decode sweep's cloud row; a
         # candidate's needs a cloud trained on it, which the pipeline does not train
         cloud = "the cloud rows of reports/tables/quality.md" if w["sent"] else "not in the pipeline (see below)"
-        rows.append([w["name"], f"{w['bytes_per_second']:.0f}", interval_text(w["stoi"], 3), voice, majority, cloud])
-    table = md_table(["representation", "bytes / s of audio", "STOI of rebuilt speech", "voice identified %",
-                      "commonest voice %", "the cloud's quality from it"], rows)
+        rows.append([w["name"], f"{w['bytes_per_second']:.0f}", interval_text(w["stoi"], 3), *_by_attacker(w),
+                     voice, majority, eer, cloud])
+    table = md_table(["representation", "bytes / s of audio", "STOI of rebuilt speech (stronger attacker)",
+                      f"STOI: {ATTACKERS[0]}", f"STOI: {ATTACKERS[1]}", "voice identified %", "commonest voice %",
+                      "speaker EER %", "the cloud's quality from it"], rows)
     met = [w["name"] for w in r["wires"] if target_met(w)]
     verdict = (f"met by {', '.join(met)} (the cloud's quality from it is not measured here)." if met
                else f"met by none. {binding(r['wires'])}")
@@ -65,19 +84,27 @@ def render(r: dict) -> str:
         "# What the uplink reveals about the speech", "",
         f"Written by the `privacy` stage on {r['clips']} test clips ({', '.join(r['languages'])}); 95% bootstrap "
         "intervals over clips. Each representation is what `uplink:` params would make the edge send (the "
-        "log-mel's bands pooled, frames merged, each band's clip level and spread removed: speccap.data.uplink). "
-        "STOI of speech rebuilt from it by an attacker who learns nothing but the train clips' typical band levels "
-        f"(pooled values spread back, mel inversion + Griffin-Lim, {GL_ITERS} iterations); near 0.8 the words are "
-        f"understood. Floor: a clip against itself {SHIFT_S} s late, STOI {interval_text(r['floor'], 3)}. Voice "
-        "identification: the stronger of two logistic regressions trained on train clips (one on each clip's per-band "
-        "level, spread, movement and percentiles, one on single frames summed over the clip), tested on every test "
-        "clip, against always naming the commonest voice. The cloud's quality from what the edge sends is the decode "
-        "sweep's cloud row (the `train` stage trains the cloud on it); from another candidate it needs a cloud "
-        "trained on that one, which the pipeline does not train: benchmarks/privacy_quality.py does, for some "
-        "candidates (reports/privacy_quality.md).", "",
+        "log-mel's bands pooled, frames merged, each band's clip level and spread removed: speccap.data.uplink).", "",
+        "Speech rebuilt from it, scored by STOI (near 0.8 the words are understood), by two attackers; the stronger "
+        f"counts. *{ATTACKERS[0]}* learns nothing but the train clips' typical band levels: pooled values spread "
+        f"back over their bands and frames. *{ATTACKERS[1]}* learns to invert the representation: a ridge map, "
+        f"fitted on {r.get('inverter_train_clips', 0)} train clips' (representation, log-mel) pairs, from the "
+        f"spread-back representation {INVERTER_CONTEXT} frame(s) either side ({INVERTER_STRIDE} frames apart) to each "
+        f"frame's log-mel. Both end in mel inversion and Griffin-Lim ({GL_ITERS} iterations). Floor: a clip against "
+        f"itself {SHIFT_S} s late, STOI {interval_text(r['floor'], 3)}.", "",
+        "Who is speaking, by classifiers retrained on each representation of the train clips (the stronger of two "
+        "logistic regressions: one on each clip's per-band level, spread, movement and percentiles, one on single "
+        "frames averaged over the clip), tested on every test clip: the voice named, against always naming the "
+        "commonest voice; and speaker verification, every pair of test clips judged same voice or not by the cosine "
+        "of their square-root posteriors, as the equal error rate (50% is chance; its interval resamples clips, "
+        f"{EER_RESAMPLES} times).", "",
+        "The cloud's quality from what the edge sends is the decode sweep's cloud row (the `train` stage trains the "
+        "cloud on it); from another candidate it needs a cloud trained on that one, which the pipeline does not "
+        "train: benchmarks/privacy_quality.py does, for some candidates (reports/privacy_quality.md).", "",
         table, "",
-        f"Target (rebuilt-speech STOI at most {STOI_TARGET}, the voice named no more often than the commonest "
-        f"voice's share): {verdict}", "",
+        _weaker_learner(r["wires"]), "",
+        f"Target (rebuilt-speech STOI at most {STOI_TARGET} against the stronger attacker, the voice named no more "
+        f"often than the commonest voice's share): {verdict}", "",
         "![STOI of rebuilt speech against voice identification, per representation](privacy.png)", ""])
 
 
