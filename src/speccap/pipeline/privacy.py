@@ -134,10 +134,9 @@ def _context(v: np.ndarray) -> np.ndarray:
 def fit_inverter(pairs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """The learned attacker's map from the spread-back view around a frame to the frame's log-mel,
     fitted by ridge regression on train clips' (spread-back view, log-mel) pairs."""
-    x = np.concatenate([_context(v) for v, _ in pairs]).astype(np.float64)
-    y = np.concatenate([m.T for _, m in pairs]).astype(np.float64)
-    keep = np.unique(np.linspace(0, len(x) - 1, min(len(x), INVERTER_FRAMES)).round().astype(int))
-    x, y = x[keep], y[keep]
+    step = -(-sum(m.shape[1] for _, m in pairs) // INVERTER_FRAMES)  # every step-th frame of each clip
+    x = np.concatenate([_context(v)[::step] for v, _ in pairs]).astype(np.float64)
+    y = np.concatenate([m.T[::step] for _, m in pairs]).astype(np.float64)
     return np.linalg.solve(x.T @ x + INVERTER_RIDGE * len(x) * np.eye(x.shape[1]), x.T @ y).astype(np.float32)
 
 
