@@ -1,6 +1,7 @@
 """librosa's numba cache: ours (never site-packages), compiled once under a lock, and a damaged
 one is found and rebuilt instead of breaking every later process."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -51,6 +52,24 @@ def test_a_stamped_cache_is_not_compiled_again(compiled, tmp_path):
     r = _run(code, cache)
     assert r.returncode == 0, r.stderr
     assert float(r.stdout) > 60
+
+
+@pytest.mark.e2e
+def test_a_cache_warm_for_the_host_is_compiled_for_a_pinned_target_before_any_worker_runs(compiled, tmp_path):
+    cache = tmp_path / "c"
+    shutil.copytree(compiled, cache, copy_function=shutil.copy2)  # stamped warm for this host's CPU
+    other = "skylake" if numba_cache.target().split()[0] == "haswell" else "haswell"
+    pinned = {"NUMBA_CPU_NAME": other}  # as a stage pins it (speccap.kernels)
+    r = _run("from speccap.numba_cache import ensure_warm; ensure_warm()", cache, **pinned)
+    assert r.returncode == 0, r.stderr
+    warmed = numba_cache._listing(cache)
+    assert warmed != numba_cache._listing(compiled)  # the pinned target's entries were compiled here...
+    # ...so a worker (which does not take the lock) only reads: it adds no file another could race on
+    r = _run(_PROSODY, cache, SPECCAP_NUMBA_WARMING="1", **pinned)
+    assert r.returncode == 0, r.stderr
+    assert numba_cache._listing(cache) == warmed
+    stamped = json.loads((cache / "speccap-warm.json").read_text())  # and the host's stamp kept
+    assert len(stamped) == 2 and any(t.startswith(f"{other} ") for t in stamped), list(stamped)
 
 
 @pytest.mark.e2e

@@ -11,6 +11,9 @@ So:
 - `ensure_warm()` compiles everything `prosody` uses in a child process, under a file lock, and
   stamps the cache; a parent calls it before it starts workers, so workers only ever read a
   complete cache. A second process waits on the lock, then finds the stamp and goes on.
+- Numba keeps one entry per target CPU (name and features) in a cache, so the stamp is per target:
+  a cache compiled by a process on the host's CPU is not warm for a stage pinned to another
+  (`speccap.kernels` pins NUMBA_CPU_NAME), whose workers would otherwise all compile at once.
 - A cache that crashes the child (damaged by an older version, a kill mid-write, or another
   tool) is cleared and compiled again; the stamp lists the cache files, so a changed cache is
   checked again. The check costs one child process (~2 s warm, ~15 s cold), only when needed.
@@ -26,6 +29,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import llvmlite.binding as llvm
+
+from .fanout import describe_exit
+
 _STAMP = "speccap-warm.json"
 _LOCK = ".speccap.lock"
 # what the child runs: the same `prosody` the workers call, on the input type they pass
@@ -33,7 +40,7 @@ _WARM_CODE = ("import numpy as np; from speccap.data.features import prosody; "
               "prosody(np.random.default_rng(0).standard_normal(16000).astype(np.float32))")
 # set in the compiling child, whose own `prosody` call must not wait for the lock its parent holds
 _CHILD_ENV = "SPECCAP_NUMBA_WARMING"
-_warm_dirs: set[str] = set()
+_warm_dirs: set[tuple[str, str]] = set()
 
 
 class NumbaCacheError(RuntimeError):
@@ -53,6 +60,23 @@ def configure() -> Path:
             from numba.core import config
             config.reload_config()
     return Path(os.environ["NUMBA_CACHE_DIR"])
+
+
+def target() -> str:
+    """The target numba compiles for in this process, as its cache keys entries: the CPU name and
+    features from NUMBA_CPU_NAME / NUMBA_CPU_FEATURES where set, else the host's."""
+    name = os.environ.get("NUMBA_CPU_NAME") or llvm.get_host_cpu_name()
+    features = os.environ.get("NUMBA_CPU_FEATURES") or llvm.get_host_cpu_features().flatten()
+    return f"{name} {features}"
+
+
+def _stamped(stamp: Path) -> dict[str, list]:
+    """{target: the cache's listing when it was last found warm for that target}."""
+    try:
+        stamped = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return {}
+    return stamped if isinstance(stamped, dict) else {}
 
 
 def _listing(cache: Path) -> list[list]:
@@ -77,28 +101,28 @@ def _clear(cache: Path) -> None:
 def ensure_warm(code: str = _WARM_CODE, log=None) -> Path:
     """Make sure the cache holds a complete compilation that a process can load; returns its path."""
     cache = configure()
-    if str(cache) in _warm_dirs or os.environ.get(_CHILD_ENV):
+    here = target()
+    if (str(cache), here) in _warm_dirs or os.environ.get(_CHILD_ENV):
         return cache
     cache.mkdir(parents=True, exist_ok=True)
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     with open(cache / _LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one compiler at a time, across processes
         stamp = cache / _STAMP
-        try:
-            fresh = json.loads(stamp.read_text()) == _listing(cache)
-        except (OSError, ValueError):
-            fresh = False
-        if not fresh:
+        stamped = _stamped(stamp)
+        if stamped.get(here) != _listing(cache):
             rc, _ = _compile_in_child(cache, code)
             if rc != 0:
-                from .fanout import describe_exit
                 say(f"numba cache {cache}: a process loading it failed ({describe_exit(rc)}); "
                     "clearing it and compiling again")
                 _clear(cache)
+                stamped = {}
                 rc, err = _compile_in_child(cache, code)
                 if rc != 0:
                     raise NumbaCacheError(f"numba cache {cache}: compiling librosa's functions from an empty cache "
                                           f"failed ({describe_exit(rc)}):\n{err}")
-            stamp.write_text(json.dumps(_listing(cache)))
-    _warm_dirs.add(str(cache))
+            # other targets' entries stay: if this compile added files, their listing no longer matches
+            # and their next process checks the cache again (one child, no compile)
+            stamp.write_text(json.dumps(stamped | {here: _listing(cache)}))
+    _warm_dirs.add((str(cache), here))
     return cache
