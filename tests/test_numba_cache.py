@@ -1,7 +1,6 @@
 """librosa's numba cache: ours (never site-packages), compiled once under a lock, and a damaged
 one is found and rebuilt instead of breaking every later process."""
 
-import json
 import os
 import shutil
 import subprocess
@@ -32,14 +31,14 @@ def compiled(tmp_path_factory) -> Path:
 
 @pytest.mark.e2e
 def test_the_cache_is_ours_and_never_site_packages(compiled):
-    assert list(compiled.rglob("*.nbi")) and (compiled / "speccap-warm.json").exists()
+    assert list(compiled.rglob("*.nbi")) and (compiled / numba_cache.target() / "speccap-warm.json").exists()
     import librosa
     site = Path(librosa.__file__).parent
     assert not list(site.rglob("*.nbi")) and not list(site.rglob("*.nbc"))
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "SPECCAP_NUMBA_ROOT")}
     out = subprocess.run([sys.executable, "-c", "import speccap, os; print(os.environ['NUMBA_CACHE_DIR'])"],
                          env=env | {"XDG_CACHE_HOME": "/somewhere"}, capture_output=True, text=True)
-    assert out.stdout.strip() == "/somewhere/speccap/numba"
+    assert out.stdout.strip() == f"/somewhere/speccap/numba/{numba_cache.target()}"
 
 
 @pytest.mark.e2e
@@ -55,21 +54,39 @@ def test_a_stamped_cache_is_not_compiled_again(compiled, tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_cache_warm_for_the_host_is_compiled_for_a_pinned_target_before_any_worker_runs(compiled, tmp_path):
+def test_a_stage_pinned_to_another_cpu_compiles_its_own_cache_before_any_worker_runs(compiled, tmp_path):
     cache = tmp_path / "c"
-    shutil.copytree(compiled, cache, copy_function=shutil.copy2)  # stamped warm for this host's CPU
-    other = "skylake" if numba_cache.target().split()[0] == "haswell" else "haswell"
+    shutil.copytree(compiled, cache, copy_function=shutil.copy2)  # warm for this host's CPU
+    host = numba_cache._listing(cache / numba_cache.target())
+    other = "skylake" if numba_cache.target().startswith("haswell-") else "haswell"
     pinned = {"NUMBA_CPU_NAME": other}  # as a stage pins it (speccap.kernels)
-    r = _run("from speccap.numba_cache import ensure_warm; ensure_warm()", cache, **pinned)
-    assert r.returncode == 0, r.stderr
-    warmed = numba_cache._listing(cache)
-    assert warmed != numba_cache._listing(compiled)  # the pinned target's entries were compiled here...
-    # ...so a worker (which does not take the lock) only reads: it adds no file another could race on
+    code = "from speccap.numba_cache import ensure_warm; print(ensure_warm())"
+    r = _run(code, cache, **pinned)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    own = Path(r.stdout.strip())
+    # a directory of its own, compiled there, the host's left as it was (loading the host's entries
+    # pinned to another CPU could crash; sharing a stamp would leave the workers to compile)
+    assert own.parent == cache and own.name.startswith(f"{other}-") and list(own.rglob("*.nbc"))
+    assert numba_cache._listing(cache / numba_cache.target()) == host
+    # a worker (which does not take the lock) only reads: it adds no file another could race on
+    warmed = numba_cache._listing(own)
     r = _run(_PROSODY, cache, SPECCAP_NUMBA_WARMING="1", **pinned)
     assert r.returncode == 0, r.stderr
-    assert numba_cache._listing(cache) == warmed
-    stamped = json.loads((cache / "speccap-warm.json").read_text())  # and the host's stamp kept
-    assert len(stamped) == 2 and any(t.startswith(f"{other} ") for t in stamped), list(stamped)
+    assert numba_cache._listing(own) == warmed
+
+
+def test_a_stage_process_pinned_after_import_moves_to_its_targets_cache(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "SPECCAP_NUMBA_ROOT")}
+    # as a stage's process: speccap imported (its cache configured for the host), then the kernels pinned,
+    # then ensure_warm's configure before librosa loads; the workers it starts inherit the directory
+    code = ("import os, subprocess, sys; import speccap; from speccap.kernels import pin_kernels; "
+            "from speccap.numba_cache import configure; pin_kernels(); print(configure()); sys.stdout.flush(); "
+            "subprocess.run([sys.executable, '-c', 'import speccap, os; print(os.environ[\"NUMBA_CACHE_DIR\"])'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env | {"NUMBA_CACHE_DIR": str(tmp_path)},
+                         capture_output=True, text=True, timeout=60)
+    parent, child = out.stdout.split()
+    # the pinned target's own directory under the user's root, not nested in the worker
+    assert Path(parent).parent == tmp_path and Path(parent).name.startswith("haswell-") and child == parent, out
 
 
 @pytest.mark.e2e
@@ -89,7 +106,9 @@ def test_a_truncated_cache_is_detected_cleared_and_rebuilt(compiled, tmp_path):
 
 
 def test_a_cache_that_crashes_its_loader_with_a_signal_is_rebuilt(tmp_path, monkeypatch):
-    cache = tmp_path / "c"
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SPECCAP_NUMBA_ROOT", raising=False)
+    cache = tmp_path / numba_cache.target()  # where ensure_warm compiles, under the root it is given
     cache.mkdir()
     (cache / "poison").write_text("")
     # a stand-in loader that segfaults while the poisoned file is there, as a bad gufunc pair does
@@ -97,7 +116,6 @@ def test_a_cache_that_crashes_its_loader_with_a_signal_is_rebuilt(tmp_path, monk
             "os.kill(os.getpid(), signal.SIGSEGV) if os.path.exists(os.path.join(os.environ['NUMBA_CACHE_DIR'], "
             "'poison')) else None; open(os.path.join(os.environ['NUMBA_CACHE_DIR'], 'x.nbi'), 'w').write('ok')")
     said = []
-    monkeypatch.setenv("NUMBA_CACHE_DIR", str(cache))
     monkeypatch.setattr(numba_cache, "_warm_dirs", set())
     assert numba_cache.ensure_warm(code, log=said.append) == cache
     assert len(said) == 1 and "killed by SIGSEGV" in said[0] and "clearing it and compiling again" in said[0]
@@ -106,6 +124,7 @@ def test_a_cache_that_crashes_its_loader_with_a_signal_is_rebuilt(tmp_path, monk
 
 def test_a_cache_that_cannot_be_built_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.delenv("SPECCAP_NUMBA_ROOT", raising=False)
     monkeypatch.setattr(numba_cache, "_warm_dirs", set())
     with pytest.raises(numba_cache.NumbaCacheError, match=r"(?s)compiling librosa's functions from an empty cache "
                                                             r"failed \(exit code 1\):\n.*ZeroDivisionError"):
