@@ -9,7 +9,7 @@ For `--clips` clips of real audio lengths (random log-mel, 4 to 20 s, languages 
 edge-only, cloud-only and the default UGSD loop (params.yaml's decode settings, measured clock),
 each once one caption at a time (the single executor) and once `--batch` at a time (the batching
 executor, speccap.batching.lockstep), side by side: captions and tokens per second, GPU memory (the
-framework's peak allocated), GPU utilisation (NVML, sampled every 100 ms through each run) and batch
+framework's peak allocated), GPU utilisation (NVML, sampled every 50 ms through each run by speccap.metrics.system) and batch
 invariance (the share of captions that differ batched from alone, with the top-2 logit gap where
 they part). With random weights the captions mean nothing; their tokens are what is compared.
 
@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +37,7 @@ from speccap.config import LinkConfig, ThinkerSize, load_params
 from speccap.decoding.build import DecodeSpec, build_decoder
 from speccap.decoding.engine import cloud_only, edge_only, speculative
 from speccap.decoding.link import Link
+from speccap.metrics.system import ResourceMonitor
 from speccap.models.base import shared_vocab
 from speccap.models.configs import SpecialIds, build_model
 from speccap.models.loading import qwen_chat_template
@@ -82,50 +81,6 @@ def audio_clips(n: int, seed: int) -> list[tuple[np.ndarray, str]]:
              ("en", "zh")[i % 2]) for i in range(n)]
 
 
-class GpuSampler:
-    """NVML utilisation and memory sampled every `every` seconds while running; nothing without NVML."""
-
-    def __init__(self, device: torch.device, every: float = 0.1):
-        self.samples: list[tuple[float, float]] = []
-        self.handle, self.every = None, every
-        if device.type != "cuda":
-            return
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-        except Exception:  # noqa: BLE001 - no NVML (no driver, no package): the figures stay absent
-            self.handle = None
-
-    @contextmanager
-    def sampling(self):
-        self.samples = []
-        stop = threading.Event()
-
-        def loop():
-            while not stop.wait(self.every):
-                util = self.nvml.nvmlDeviceGetUtilizationRates(self.handle)
-                mem = self.nvml.nvmlDeviceGetMemoryInfo(self.handle)
-                self.samples.append((float(util.gpu), mem.used / 1e9))
-        thread = threading.Thread(target=loop, daemon=True) if self.handle is not None else None
-        if thread:
-            thread.start()
-        try:
-            yield self
-        finally:
-            stop.set()
-            if thread:
-                thread.join()
-
-    def summary(self) -> dict:
-        if not self.samples:
-            return {}
-        util = [u for u, _ in self.samples]
-        return {"gpu_util_mean": float(np.mean(util)), "gpu_util_max": float(np.max(util)),
-                "gpu_memory_used_gb_max": float(max(m for _, m in self.samples)), "samples": len(self.samples)}
-
-
 def loops(params, max_new: int) -> dict:
     spec = DecodeSpec.from_params(params, cost=None, max_new_tokens=max_new)
     return {
@@ -140,10 +95,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_run(fn, edge, cloud, jobs, batch: int, device: torch.device, sampler: GpuSampler) -> tuple[list, dict]:
+def timed_run(fn, edge, cloud, jobs, batch: int, device: torch.device) -> tuple[list, dict]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    with sampler.sampling():
+    with ResourceMonitor() as mon:  # the GPU sampled through the run, as the pipeline's runs are
         _sync(device)
         t0 = time.perf_counter()
         recs = decode_all(edge, cloud, fn, jobs, batch)
@@ -151,7 +106,7 @@ def timed_run(fn, edge, cloud, jobs, batch: int, device: torch.device, sampler: 
         wall = time.perf_counter() - t0
     tokens = sum(len(r.token_ids) for r in recs)
     out = {"batch": batch, "wall_s": wall, "captions_per_s": len(recs) / wall, "tokens_per_s": tokens / wall,
-           "tokens": tokens} | sampler.summary()
+           "tokens": tokens} | mon.gpu_summary()
     if device.type == "cuda":
         out["peak_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
     return recs, out
@@ -202,7 +157,6 @@ def run(args) -> dict:
         result["parameters"] = {"edge": edge.num_parameters(), "cloud": cloud.num_parameters()}
         jobs = audio_clips(args.clips, 0)
         result["audio_seconds"] = [mel.shape[1] / FRAMES_PER_SECOND for mel, _ in jobs]
-        sampler = GpuSampler(device)
         warm = audio_clips(2, 1)  # first calls allocate and pick kernels: not timed
         for fn in loops(load_params(args.params), 4).values():
             decode_all(edge, cloud, fn, warm, 1)
@@ -211,8 +165,8 @@ def run(args) -> dict:
             if time.perf_counter() - start > args.budget_s:
                 result["skipped"].append(name)
                 continue
-            single, s = timed_run(fn, edge, cloud, jobs, 1, device, sampler)
-            batched, b = timed_run(fn, edge, cloud, jobs, args.batch, device, sampler)
+            single, s = timed_run(fn, edge, cloud, jobs, 1, device)
+            batched, b = timed_run(fn, edge, cloud, jobs, args.batch, device)
             result["loops"][name] = {"single": s, "batched": b, "ratio": b["captions_per_s"] / s["captions_per_s"],
                                      "invariance": invariance(name, single, batched, jobs, edge, cloud)}
     result["total_s"] = time.perf_counter() - start
@@ -235,7 +189,7 @@ def markdown(r: dict) -> str:
     for name, row in r["loops"].items():
         for kind in ("single", "batched"):
             x = row[kind]
-            util = f"{x['gpu_util_mean']:.0f} / {x['gpu_util_max']:.0f}" if "gpu_util_mean" in x else "–"
+            util = f"{x['gpu_percent']:.0f} / {x['gpu_percent_max']:.0f}" if "gpu_percent" in x else "–"
             mem = f"{x['peak_allocated_gb']:.1f}" if "peak_allocated_gb" in x else "–"
             ratio = f"{row['ratio']:.2f}x" if kind == "batched" else ""
             lines.append(f"| {name} | {kind} (B = {x['batch']}) | {x['captions_per_s']:.2f} | {x['tokens_per_s']:.1f} | "

@@ -154,6 +154,12 @@ class Tracker:
             self.mlflow.MlflowClient(self.uri).set_terminated(run.info.run_id, status="FAILED")
         return run.info.run_id
 
+    def log_metrics(self, run_id: str, metrics: dict) -> None:
+        """Metrics of a run already made (a sweep's own, after its configurations)."""
+        client = self.mlflow.MlflowClient(self.uri)
+        for k, v in _clean_metrics(metrics).items():
+            client.log_metric(run_id, k, v)
+
     def log_artifacts(self, run_id: str, paths: list[str | os.PathLike]) -> None:
         client = self.mlflow.MlflowClient(self.uri)
         for p in paths:

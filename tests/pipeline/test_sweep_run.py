@@ -9,6 +9,8 @@ from speccap.pipeline.sweep import RunConfig, eval_clips
 from speccap.pipeline.sweep_run import SweepHooks, run_sweep
 from speccap.tracking import Tracker
 
+from ..metrics.nvml_standin import Device
+
 
 @pytest.fixture
 def sweep_params(tiny_project, tmp_path):
@@ -62,6 +64,23 @@ def test_a_cluster_sweep_needs_the_runner_a_flow_lends(sweep_params, tmp_path):
                     hooks=hooks)
     assert [cfg for cfg, _, _ in sent] == [RunConfig("edge", "en")]
     assert out["configs"][0]["status"] == "FAILED" and out["configs"][0]["error"] == "lost"
+
+
+def test_a_sweep_logs_the_gpu_it_ran_on_to_its_own_run_and_nothing_without_one(sweep_params, tmp_path,
+                                                                               monkeypatch):
+    params, params_file = sweep_params
+    cfg = RunConfig("edge", "en")
+
+    def metrics(stage: str, out: dict) -> dict:
+        tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, stage)
+        return next(r["metrics"] for r in tracker.runs() if r["run_id"] == out["parent_run_id"])
+
+    out = run_sweep(params, params_file, "decode", [cfg], _clips(params), str(tmp_path / "cpu"))
+    assert not [k for k in metrics("decode", out) if "gpu" in k]  # no GPU here
+    Device(busy=70.0).installed(monkeypatch).busy = True
+    out = run_sweep(params, params_file, "gate_eval", [cfg], _clips(params), str(tmp_path / "gpu"))
+    logged = metrics("gate_eval", out)
+    assert logged["stage_gpu_percent"] == 70.0 and logged["stage_gpu_memory_gb"] >= 1, logged
 
 
 def _clips(params):

@@ -25,6 +25,7 @@ from ..decoding.link import Link
 from ..decoding.relink import relink
 from ..metrics.bootstrap import ClipStats, with_intervals
 from ..metrics.caption import score_captions
+from ..metrics.system import GPU_FIELDS
 from .saved import head_path
 
 METHODS = ("edge", "cloud", "ugsd")
@@ -254,7 +255,7 @@ def summarize(cfg: RunConfig, records: list[dict], clips: list[dict]) -> dict:
     keys = ("ttft", "itps", "oet", "otps", "total_time", "edge_compute", "cloud_compute", "link_time", "tokens",
             "rounds", "drafted", "transmitted", "accepted", "corrected", "bonus", "tolerated", "hidden_requests",
             "bytes_up", "bytes_down",
-            "cpu_percent", "ram_gb", "gpu_percent", "gpu_memory_gb", "wall_time", "model_time", "cloud_tokens",
+            "cpu_percent", "ram_gb", *GPU_FIELDS, *(f"batch_{k}" for k in GPU_FIELDS), "wall_time", "model_time", "cloud_tokens",
             "edge_fed", "wait_time", "wasted", "stale")
     for k in keys:
         vals = [r[k] for r in records if k in r]

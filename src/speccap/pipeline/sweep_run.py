@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from ..config import Params
 from ..fanout import WorkerDied
+from ..metrics.system import ResourceMonitor
 from ..project import portable_arg
 from ..tracking import Tracker
 from .sweep import RunConfig, config_key, link_config, models_fingerprint, relink_source, run_config, summarize
@@ -80,7 +81,8 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
 
     caption = hooks.task(caption)
     try:
-        with tracker.sweep(f"{stage}-sweep-{sweep_key}", sweep_params, {"sweep_key": sweep_key, "stage": stage}) as parent:
+        with (tracker.sweep(f"{stage}-sweep-{sweep_key}", sweep_params, {"sweep_key": sweep_key, "stage": stage})
+              as parent, ResourceMonitor() as mon):
             summary["parent_run_id"] = parent
             done = tracker.finished(parent)
             for cfg in tqdm(configs, desc=stage, unit="config"):
@@ -116,6 +118,9 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
     finally:
         if pool is not None:
             pool.close()
+    # the device's figures over the whole stage, whichever of its processes used it (none without a GPU)
+    if stage_gpu := {f"stage_{k}": v for k, v in mon.gpu_summary().items()}:
+        tracker.log_metrics(summary["parent_run_id"], stage_gpu)
     failed = [c["name"] for c in summary["configs"] if c["status"] == "FAILED"]
     hooks.log.info(f"{len(configs) - len(failed)} configurations finished, {len(failed)} failed {failed}")
     return summary

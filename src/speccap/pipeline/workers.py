@@ -25,6 +25,7 @@ from ..decoding.engine import cloud_only, edge_only, speculative
 from ..decoding.link import Link
 from ..decoding.relink import link_log
 from ..fanout import WorkerPool
+from ..metrics.system import ResourceMonitor
 from .saved import cached_head, load_gate
 from .sweep import RunConfig, link_config, models_fingerprint, relinkable
 
@@ -140,9 +141,14 @@ def run_one(fn: Callable, job) -> dict:
 
 def run_chunk(fn: Callable, batch: int, chunk: list) -> list:
     """fn(worker, job) for every job of `chunk` (at most `batch`), all at once through this process's
-    batching executor; returns the results as the jobs end."""
+    batching executor; returns the results as the jobs end. Where there is a GPU, each result that is a
+    record also gets the batch's GPU figures (`batch_gpu_percent`, ...): its own span's are the batches
+    it ran in, this is the one it belonged to."""
     ex, w = stepped(batch)
-    return list(ex.map(partial(fn, w), chunk))
+    with ResourceMonitor() as mon:
+        results = list(ex.map(partial(fn, w), chunk))
+    gpu = {f"batch_{k}": v for k, v in mon.gpu_summary().items()}  # nothing without a GPU
+    return [r | gpu if gpu and isinstance(r, dict) and "caption" in r else r for r in results]
 
 
 def chunked(jobs: Iterable, size: int) -> Iterator[list]:
