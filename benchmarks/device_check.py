@@ -7,17 +7,17 @@ download) with Qwen's real vocabulary, one command, one report.
 
 For `--clips` clips of real audio lengths (random log-mel, 4 to 20 s, languages alternating):
 edge-only, cloud-only and the default UGSD loop (params.yaml's decode settings, measured clock),
-each once one caption at a time (the single executor) and once `--batch` at a time (the batching
-executor, speccap.batching.lockstep), side by side: captions and tokens per second, GPU memory (the
-framework's peak allocated), GPU utilisation (NVML, sampled every 50 ms through each run by speccap.metrics.system) and batch
+each once one caption at a time (the single executor) and twice `--batch` at a time (the batching
+executor, speccap.batching.lockstep): with the eager batched step, and with the step at fixed shapes
+replayed from captured CUDA graphs (speccap.batching.step_graphs; on a CPU the fixed shapes run
+eagerly), side by side: captions and tokens per second, GPU memory (the framework's peak allocated),
+GPU utilisation (NVML, sampled every 50 ms through each run by speccap.metrics.system) and batch
 invariance (the share of captions that differ batched from alone, with the top-2 logit gap where
 they part). With random weights the captions mean nothing; their tokens are what is compared.
 
-Not in it yet: the executor replaying captured CUDA graphs (not built: the batched step's graphs
-are measured alone in benchmarks/batched_step.py) and the replaying server (benchmarks/serving_replay.py
-needs the trained models). Without a GPU (and without `--device cpu`) it says so and writes a report
-that says so. Sections stop starting once `--budget-s` seconds have gone, and the report names what
-was skipped.
+Not in it yet: the replaying server (benchmarks/serving_replay.py needs the trained models).
+Without a GPU (and without `--device cpu`) it says so and writes a report that says so. Sections
+stop starting once `--budget-s` seconds have gone, and the report names what was skipped.
 """
 
 from __future__ import annotations
@@ -95,17 +95,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_run(fn, edge, cloud, jobs, batch: int, device: torch.device) -> tuple[list, dict]:
+def timed_run(fn, edge, cloud, jobs, batch: int, device: torch.device, graphs: bool | None = None
+              ) -> tuple[list, dict]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with ResourceMonitor() as mon:  # the GPU sampled through the run, as the pipeline's runs are
         _sync(device)
         t0 = time.perf_counter()
-        recs = decode_all(edge, cloud, fn, jobs, batch)
+        recs = decode_all(edge, cloud, fn, jobs, batch, graphs)
         _sync(device)
         wall = time.perf_counter() - t0
     tokens = sum(len(r.token_ids) for r in recs)
-    out = {"batch": batch, "wall_s": wall, "captions_per_s": len(recs) / wall, "tokens_per_s": tokens / wall,
+    out = {"batch": batch, "graphs": graphs, "wall_s": wall, "captions_per_s": len(recs) / wall, "tokens_per_s": tokens / wall,
            "tokens": tokens} | mon.gpu_summary()
     if device.type == "cuda":
         out["peak_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
@@ -166,9 +167,15 @@ def run(args) -> dict:
                 result["skipped"].append(name)
                 continue
             single, s = timed_run(fn, edge, cloud, jobs, 1, device)
-            batched, b = timed_run(fn, edge, cloud, jobs, args.batch, device)
-            result["loops"][name] = {"single": s, "batched": b, "ratio": b["captions_per_s"] / s["captions_per_s"],
-                                     "invariance": invariance(name, single, batched, jobs, edge, cloud)}
+            eager, e = timed_run(fn, edge, cloud, jobs, args.batch, device, graphs=False)
+            # the fixed shapes (batching.step_graphs): captured and replayed on CUDA, eager elsewhere
+            graphed, g = timed_run(fn, edge, cloud, jobs, args.batch, device, graphs=True)
+            result["loops"][name] = {
+                "single": s, "batched": e, "graphs": g, "ratio": e["captions_per_s"] / s["captions_per_s"],
+                "graphs_ratio": g["captions_per_s"] / s["captions_per_s"],
+                "graphs_vs_eager": g["captions_per_s"] / e["captions_per_s"],
+                "invariance": invariance(name, single, eager, jobs, edge, cloud),
+                "invariance_graphs": invariance(name, single, graphed, jobs, edge, cloud)}
     result["total_s"] = time.perf_counter() - start
     return result
 
@@ -184,26 +191,29 @@ def markdown(r: dict) -> str:
               f"{min(r['audio_seconds']):.0f}-{max(r['audio_seconds']):.0f} s, up to {r['max_new_tokens']} tokens, "
               f"batched {r['batch']} at a time. Models built in {r['build_s']:.0f} s; the whole check "
               f"{r['total_s']:.0f} s.", "",
-              "| loop | executor | captions/s | tokens/s | peak allocated GB | GPU util mean / max % | batched / single |",
-              "|---|---|---|---|---|---|---|"]
+              "| loop | executor | captions/s | tokens/s | peak allocated GB | GPU util mean / max % | x single | "
+              "x batched eager |", "|---|---|---|---|---|---|---|---|"]
+    fixed = "graphs" if r["device"].startswith("cuda") else "fixed shapes, eager"
     for name, row in r["loops"].items():
-        for kind in ("single", "batched"):
+        for kind, label in (("single", "single"), ("batched", "batched, eager step"), ("graphs", f"batched, {fixed}")):
             x = row[kind]
             util = f"{x['gpu_percent']:.0f} / {x['gpu_percent_max']:.0f}" if "gpu_percent" in x else "–"
             mem = f"{x['peak_allocated_gb']:.1f}" if "peak_allocated_gb" in x else "–"
-            ratio = f"{row['ratio']:.2f}x" if kind == "batched" else ""
-            lines.append(f"| {name} | {kind} (B = {x['batch']}) | {x['captions_per_s']:.2f} | {x['tokens_per_s']:.1f} | "
-                         f"{mem} | {util} | {ratio} |")
+            ratio = {"single": "", "batched": f"{row['ratio']:.2f}x", "graphs": f"{row['graphs_ratio']:.2f}x"}[kind]
+            vs_eager = f"{row['graphs_vs_eager']:.2f}x" if kind == "graphs" else ""
+            lines.append(f"| {name} | {label} (B = {x['batch']}) | {x['captions_per_s']:.2f} | {x['tokens_per_s']:.1f} | "
+                         f"{mem} | {util} | {ratio} | {vs_eager} |")
     lines += ["", "Batch invariance: captions decoded batched that differ from the same clip decoded alone.", "",
-              "| loop | differ | smallest top-2 gap where they part |", "|---|---|---|"]
+              "| loop | batched, eager step: differ | smallest top-2 gap where they part | "
+              f"batched, {fixed}: differ | smallest top-2 gap |", "|---|---|---|---|---|"]
     for name, row in r["loops"].items():
-        inv = row["invariance"]
-        gap = f"{min(inv['top2_gaps']):.3g}" if inv["top2_gaps"] else "–"
-        lines.append(f"| {name} | {inv['differ']} / {inv['captions']} | {gap} |")
+        cells = []
+        for inv in (row["invariance"], row["invariance_graphs"]):
+            cells += [f"{inv['differ']} / {inv['captions']}", f"{min(inv['top2_gaps']):.3g}" if inv["top2_gaps"] else "–"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if r["skipped"]:
         lines += ["", f"Skipped (past the time budget): {', '.join(r['skipped'])}."]
-    lines += ["", "Not measured here: the executor replaying captured CUDA graphs (not built) and the replaying "
-                  "server (benchmarks/serving_replay.py)."]
+    lines += ["", "Not measured here: the replaying server (benchmarks/serving_replay.py)."]
     return "\n".join(lines) + "\n"
 
 

@@ -70,19 +70,19 @@ class _Start:
 
 
 class Lockstep:
-    """Runs jobs `batch` at a time (`map`), on the models `wrap` returns."""
+    """Runs jobs `batch` at a time (`map`), on the models `wrap` returns; `graphs` as RowPool's."""
 
-    def __init__(self, batch: int):
+    def __init__(self, batch: int, graphs: bool | None = None):
         if batch < 1:
             raise ValueError(f"the batch must be at least 1 caption, got {batch}")
-        self.batch = batch
+        self.batch, self.graphs = batch, graphs
         self.hub: greenlet | None = None  # the greenlet running `map`, while it runs
         self.pools: list[RowPool] = []
 
     def wrap(self, lm: AudioLM) -> AudioLM:
         """`lm` with its sessions as rows of a pool stepped by this executor; a model whose sessions
         cannot share a step is returned as it is (its forwards then run one at a time)."""
-        return stepped(lm, self, self.batch, self.pools)
+        return stepped(lm, self, self.batch, self.pools, self.graphs)
 
     def ask(self, ask: _Ask | _Start):
         """A loop's model call: parks the loop until the next step (outside `map`, runs at once)."""
@@ -154,22 +154,24 @@ def step_all_alone(asks: list[_Ask | _Start]) -> list:
     return outs
 
 
-def stepped(lm: AudioLM, executor, rows: int, pools: list[RowPool]) -> AudioLM:
-    """`lm` with its sessions as rows of a new pool (`rows` to start with, added to `pools`) whose
-    calls go through `executor.ask`; a model whose sessions cannot share a step, as it is."""
+def stepped(lm: AudioLM, executor, rows: int, pools: list[RowPool], graphs: bool | None = None) -> AudioLM:
+    """`lm` with its sessions as rows of a new pool (`rows` to start with, added to `pools`, stepping
+    with `graphs` as RowPool's) whose calls go through `executor.ask`; a model whose sessions cannot
+    share a step, as it is."""
     if not batchable(lm):
         return lm
-    pool = RowPool(lm, rows)
+    pool = RowPool(lm, rows, graphs)
     pools.append(pool)
     return SteppedLM(lm, pool, executor)
 
 
-def decode_all(edge: AudioLM, cloud: AudioLM, fn: Callable, jobs: list, batch: int) -> list:
-    """[fn(edge, cloud, job) for job in jobs], `batch` jobs at a time through a `Lockstep` (1: one at
-    a time, on the models themselves); in the jobs' order."""
+def decode_all(edge: AudioLM, cloud: AudioLM, fn: Callable, jobs: list, batch: int,
+               graphs: bool | None = None) -> list:
+    """[fn(edge, cloud, job) for job in jobs], `batch` jobs at a time through a `Lockstep` stepping
+    with `graphs` (1: one at a time, on the models themselves); in the jobs' order."""
     if batch <= 1:
         return [fn(edge, cloud, job) for job in jobs]
-    ex = Lockstep(batch)
+    ex = Lockstep(batch, graphs)
     e, c = ex.wrap(edge), ex.wrap(cloud)
     out = dict(ex.map(lambda ij: (ij[0], fn(e, c, ij[1])), list(enumerate(jobs))))
     return [out[i] for i in range(len(jobs))]

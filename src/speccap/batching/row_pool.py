@@ -27,6 +27,7 @@ from ..models.base import AudioLM
 from ..models.language_mask import BLOCKED_LOGIT
 from ..models.thinker import ThinkerLM, prefill
 from .batched_step import BatchedCache, BatchedStep
+from .step_graphs import StepGraphs
 
 
 @dataclass
@@ -61,9 +62,11 @@ def batchable(lm: AudioLM) -> bool:
 
 
 class RowPool:
-    """Up to `rows` sessions of `lm` in one batched KV cache."""
+    """Up to `rows` sessions of `lm` in one batched KV cache. `graphs`: step at a few fixed shapes,
+    replayed from captured CUDA graphs on a GPU (batching.step_graphs); None: where the model is on
+    CUDA (elsewhere the eager step, whose shapes follow the rows asking)."""
 
-    def __init__(self, lm: ThinkerLM, rows: int):
+    def __init__(self, lm: ThinkerLM, rows: int, graphs: bool | None = None):
         if not batchable(lm):
             raise ValueError(f"{lm.name}: its sessions cannot share a batched step (not a Qwen2.5-Omni thinker "
                              f"on the fast step)")
@@ -71,6 +74,8 @@ class RowPool:
             raise ValueError(f"a row pool needs at least one row, got {rows}")
         self.lm = lm
         self.step = BatchedStep(lm.model)
+        cuda = torch.device(lm.device).type == "cuda"
+        self.graphs = StepGraphs(self.step, capture=cuda) if (cuda if graphs is None else graphs) else None
         with torch.inference_mode():  # see _guarded
             self.cache = BatchedCache(self.step, rows, _ROOM)
             # each row's blocked ids (its caption's language) as a mask over the logits: every row's
@@ -150,15 +155,20 @@ class RowPool:
         t0 = time.perf_counter()
         top = max(row for row, _ in asks) + 1
         n = max(len(ids) for _, ids in asks)
-        self.cache.grow(_capacity(max(self.lengths[:top]) + n))  # padding writes past a row's end too
-        view = self.cache.head(top)
+        # padding writes past a row's end too, in every row the step runs over
+        wide, deep = (self.graphs and self.graphs.shape(self.cache, top, n)) or (top, n)
+        self.cache.grow(_capacity(max(self.lengths[:wide]) + deep))
         rows = [[0] * n for _ in range(top)]  # built in Python, made a tensor once
         counts = [0] * top
         for row, toks in asks:
             rows[row][: len(toks)] = toks
             counts[row] = len(toks)
-        device = self.cache.lengths.device
-        logits, hidden = self.step.step(torch.tensor(rows, device=device), torch.tensor(counts, device=device), view)
+        if self.graphs is not None:
+            logits, hidden = self.graphs.run(self.cache, rows, counts)
+        else:
+            device = self.cache.lengths.device
+            logits, hidden = self.step.step(torch.tensor(rows, device=device), torch.tensor(counts, device=device),
+                                            self.cache.head(top))
         logits = logits[..., : self.lm.vocab_size].float()
         logits.masked_fill_(self.blocked[:top, None, : self.lm.vocab_size], BLOCKED_LOGIT)
         for row, toks in asks:

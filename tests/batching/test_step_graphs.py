@@ -1,0 +1,84 @@
+"""The batched step at fixed shapes (batching.step_graphs): bucketed rows and tokens, attention over the
+whole capacity, the same logits as the eager step's; graphs dropped when the cache's tensors change;
+steps too wide for a graph run eagerly. On CPU the fixed shapes run eagerly; the capture itself needs
+CUDA (the last test, and `benchmarks/device_check.py` on a GPU)."""
+
+import numpy as np
+import pytest
+import torch
+
+from speccap.batching.row_pool import RowPool
+from speccap.batching.step_graphs import MAX_TOKENS, StepGraphs
+
+from ..models.conftest import tiny_lm
+
+
+def _pools(lm, rows, clips):
+    eager, fixed = RowPool(lm, rows, graphs=False), RowPool(lm, rows, graphs=True)
+    for pool in (eager, fixed):
+        pool.prefill([(f, lang, False) for f, lang in clips])
+    return eager, fixed
+
+
+def _clips(n):
+    rng = np.random.default_rng(3)
+    return [(rng.standard_normal((128, 90 + 40 * i)).astype(np.float32), ("en", "zh")[i % 2]) for i in range(n)]
+
+
+def test_fixed_shapes_give_the_eager_steps_logits_and_lengths():
+    lm = tiny_lm("qwen2_5_omni")
+    eager, fixed = _pools(lm, 8, _clips(5))
+    assert eager.graphs is None and isinstance(fixed.graphs, StepGraphs) and not fixed.graphs.capture
+    # ragged steps over rows with gaps between them, then a step too wide for a graph
+    steps = [[(0, [5, 6, 7]), (2, [8]), (4, [9, 10])], [(1, [11])], [(3, [12, 13, 14, 15, 16])],
+             [(0, list(range(20, 20 + MAX_TOKENS + 3))), (4, [17])]]
+    for asks in steps:
+        for (want_l, want_h), (got_l, got_h) in zip(eager.run(asks), fixed.run(asks)):
+            torch.testing.assert_close(got_l, want_l, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got_h, want_h, atol=1e-5, rtol=1e-5)
+            assert torch.equal(got_l.argmax(-1), want_l.argmax(-1))
+        assert fixed.lengths == eager.lengths
+        assert torch.equal(fixed.cache.lengths, eager.cache.lengths)
+    g = fixed.graphs
+    # rows 0..4 -> 8 rows, 3 tokens -> 4; rows 0..1 -> 2, 1 -> 1; rows 0..3 -> 4, 5 -> 8
+    assert set(g.graphs) == {(8, 4), (2, 1), (4, 8)} and g.eager == 1
+
+
+def test_shapes_are_powers_of_two_within_the_cache():
+    lm = tiny_lm("qwen2_5_omni")
+    pool = RowPool(lm, 6, graphs=True)
+    g = pool.graphs
+    assert [g.shape(pool.cache, top, 1)[0] for top in (1, 2, 3, 5, 6)] == [1, 2, 4, 6, 6]
+    assert [g.shape(pool.cache, 1, n)[1] for n in (1, 2, 3, 8, 9, MAX_TOKENS)] == [1, 2, 4, 8, 16, MAX_TOKENS]
+    assert g.shape(pool.cache, 1, MAX_TOKENS + 1) is None
+
+
+def test_a_grown_cache_drops_the_graphs_made_over_its_old_tensors():
+    lm = tiny_lm("qwen2_5_omni")
+    eager, fixed = _pools(lm, 2, _clips(2))
+    for pool in (eager, fixed):
+        pool.run([(0, [5])])
+    assert len(fixed.graphs.graphs) == 1
+    capacity = fixed.cache.capacity
+    long = list(range(30, 30 + MAX_TOKENS))
+    for _ in range(capacity // MAX_TOKENS + 1):  # past the room a row was given: the cache grows
+        for want, got in zip(eager.run([(1, long)]), fixed.run([(1, long)])):
+            torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    assert fixed.cache.capacity > capacity
+    assert set(fixed.graphs.graphs) == {(2, MAX_TOKENS)}  # the (1, 1) shape went with the old tensors
+    for want, got in zip(eager.run([(0, [6])]), fixed.run([(0, [6])])):
+        torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="capturing a graph needs CUDA")
+def test_captured_graphs_replay_the_eager_steps_on_cuda():
+    lm = tiny_lm("qwen2_5_omni")
+    lm.model.to("cuda")
+    eager, fixed = _pools(lm, 4, _clips(4))
+    assert fixed.graphs.capture
+    for k in range(6):  # the first step of a shape captures it, the next ones replay it
+        asks = [(r, [5 + k, 6 + k][: 1 + (r + k) % 2]) for r in range(4)]
+        for want, got in zip(eager.run(asks), fixed.run(asks)):
+            torch.testing.assert_close(got[0], want[0], atol=1e-3, rtol=1e-3)
+        assert fixed.lengths == eager.lengths
+    assert fixed.graphs.captured >= 1 and fixed.graphs.replayed >= 4
