@@ -18,7 +18,7 @@ from prefect.futures import wait
 
 from speccap.config import Params
 from speccap.pipeline.sweep import RunConfig, run_config, summarize
-from speccap.pipeline.workers import Loaded, ensure_models, worker
+from speccap.pipeline.workers import Loaded, ensure_models
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,7 +67,7 @@ def config_on_worker(cfg: RunConfig, key: str, clips: list[dict], runs_dir: str,
                      threads: int) -> dict:
     # in the worker: models stay loaded across tasks; a retry resumes from the records on disk
     loads = ensure_models(params_path, threads)
-    records = run_config(cfg, clips, Loaded(batch=worker().params.sweep.batch), Path(runs_dir) / f"{key}.jsonl")
+    records = run_config(cfg, clips, Loaded.as_loaded(), Path(runs_dir) / f"{key}.jsonl")
     where = {"host": os.uname().nodename, "pid": os.getpid(), "model_loads": loads,
              "slurm_job": os.environ.get("SLURM_JOB_ID")}  # None outside a Slurm job
     return {"metrics": summarize(cfg, records, clips), "worker": where}

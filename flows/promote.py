@@ -21,6 +21,7 @@ from speccap.models.loading import load_role
 from speccap.pipeline.gates import read_gates_json
 from speccap.pipeline.promote import decide, evaluate_ends, evaluate_gate, validation_clips
 from speccap.pipeline.saved import champion_path, gate_from_document, load_gate
+from speccap.pipeline.workers import in_process
 from speccap.project import portable_path
 from speccap.tracking import Tracker
 
@@ -36,18 +37,19 @@ def promote_flow(params_path: str | None = None) -> dict:
     shared_vocab(edge, cloud)
     clips = validation_clips(params)
     budget = params.gates.promote_budget
-    ends = evaluate_ends(edge, cloud, params, clips)  # the gaps every gate is scored on
+    decode = in_process(params, edge, cloud)
+    ends = evaluate_ends(decode, params, clips)  # the gaps every gate is scored on
     candidates = {}
     for name in dict.fromkeys(gates_json["chosen"].values()):  # per target, the classifier chosen on validation
         gate = load_gate(params, name)  # at the promote budget's threshold
-        candidates[name] = evaluate_gate(edge, cloud, gate, params, clips, ends) | {
+        candidates[name] = evaluate_gate(decode, gate, params, clips, ends) | {
             "gates_key": gates_json["gates_key"], "version": gates_json["versions"][name]}
     tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "promote")
     name = params.gates.registry_name
     champ = tracker.champion(name)
     champ_score = None
     if champ is not None:
-        champ_score = evaluate_gate(edge, cloud, gate_from_document(tracker.load_gate(name, "champion"), name="champion"),
+        champ_score = evaluate_gate(decode, gate_from_document(tracker.load_gate(name, "champion"), name="champion"),
                                     params, clips, ends)
     decision = decide(candidates, champ, champ_score)
     if decision["promote"]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import statistics
 
-from ..batching.lockstep import decode_all
 from ..config import Params, gate_decode
 from ..data.featurize import load_clip_features
 from ..decoding.build import DecodeSpec, build_decoder
@@ -25,6 +24,7 @@ from ..decoding.link import Link
 from ..metrics.bootstrap import bleu1_emotion
 from ..metrics.caption import score_captions
 from .trace_refs import training_clips
+from .workers import Decode
 
 
 def validation_clips(params: Params) -> dict[str, list[dict]]:
@@ -54,9 +54,10 @@ def _scored(made: list, recs: list[dict], lang: str) -> dict:
     return {"bleu1": s.bleu1, "emotion_hit_rate": s.emotion_hit_rate}
 
 
-def evaluate_ends(edge, cloud, params: Params, clips: dict[str, list[dict]]) -> dict:
+def evaluate_ends(decode: Decode, params: Params, clips: dict[str, list[dict]]) -> dict:
     """Per language, edge-only's and cloud-only's BLEU-1 and emotion hit rate on the clips: the ends
-    of the gaps a gate is scored on."""
+    of the gaps a gate is scored on. `decode(fn, jobs)`: the stage's models running `fn` on every job
+    (workers.in_process)."""
     n, link = params.models.max_new_tokens, Link(params.link, seed=params.seed)
     out = {}
     for lang, recs in clips.items():
@@ -65,12 +66,12 @@ def evaluate_ends(edge, cloud, params: Params, clips: dict[str, list[dict]]) -> 
 
         def cloud_one(e, c, rec, lang=lang):
             return cloud_only(c, load_clip_features(params.data.processed_dir, rec["id"])[0], lang, link, n)
-        out[lang] = {end: _scored(decode_all(edge, cloud, fn, recs, params.sweep.batch), recs, lang)
+        out[lang] = {end: _scored(decode(fn, recs), recs, lang)
                      for end, fn in (("edge", edge_one), ("cloud", cloud_one))}
     return out
 
 
-def evaluate_gate(edge, cloud, gate, params: Params, clips: dict[str, list[dict]], ends: dict | None = None) -> dict:
+def evaluate_gate(decode: Decode, gate, params: Params, clips: dict[str, list[dict]], ends: dict | None = None) -> dict:
     """Per language BLEU-1, emotion hit rate and score (score_of, against `ends` when given: see
     evaluate_ends), their means over the languages ("bleu1", "emotion_hit_rate" when every language
     has one, "score"), and rho, of UGSD with `gate` on the clips."""
@@ -86,7 +87,7 @@ def evaluate_gate(edge, cloud, gate, params: Params, clips: dict[str, list[dict]
             settings = build_decoder(spec, learned=lambda _spec: gate)
             return speculative(e, c, mel, lang, settings, Link(params.link, seed=params.seed))
 
-        made = decode_all(edge, cloud, one, recs, params.sweep.batch)
+        made = decode(one, recs)
         rhos.extend(r.metrics()["rho"] for r in made)
         per[lang] = _scored(made, recs, lang)
         per[lang]["score"] = score_of(per[lang]["bleu1"], per[lang]["emotion_hit_rate"], (ends or {}).get(lang))

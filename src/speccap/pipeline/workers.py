@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
 
-from ..batching.lockstep import Lockstep
+from ..batching.lockstep import Lockstep, decode_all
 from ..config import Params, load_params
 from ..data.featurize import load_clip_features
 from ..decoding.build import DecodeSpec, build_decoder
@@ -162,6 +162,16 @@ def chunk_name(chunk: list) -> str:
     return job_name(chunk[0]) + more
 
 
+# decode(fn, jobs) -> [fn(edge, cloud, job) for job in jobs], on models a stage holds in its own process
+Decode = Callable[[Callable, list], list]
+
+
+def in_process(params: Params, edge, cloud) -> Decode:
+    """`Decode` over `edge` and `cloud` held in this process, `sweep.batch` jobs at once (as a stage's
+    worker pool runs them: Pool.for_stage)."""
+    return partial(decode_all, edge, cloud, batch=params.sweep.batch)
+
+
 class Loaded:
     """A Pool-like runner over the models `ensure_models` loaded in this process (`batch` jobs at once
     with batch > 1)."""
@@ -169,6 +179,12 @@ class Loaded:
     def __init__(self, fn=None, batch: int = 1):
         self.fn = fn or caption_one
         self.batch = batch
+
+    @classmethod
+    def as_loaded(cls, fn=None) -> Loaded:
+        """Over this process's models, `sweep.batch` jobs at once as the params they were loaded
+        with say (a Dask worker's: flows.cluster)."""
+        return cls(fn, worker().params.sweep.batch)
 
     def imap(self, jobs):
         if self.batch <= 1:
