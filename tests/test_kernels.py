@@ -49,6 +49,36 @@ def test_a_stage_computes_the_same_bytes_whichever_kernel_the_machine_would_pick
     assert _probe("plain", "SkylakeX")["bytes"] != _probe("plain", "Haswell")["bytes"]
 
 
+# a training step's arithmetic through oneDNN: the audio encoder's convolution, forward and backward
+CONV_PROBE = """
+import hashlib, sys
+if sys.argv[1] == "stage":
+    import flows
+import torch
+torch.manual_seed(0)
+x = torch.randn(2, 128, 3000, requires_grad=True)
+conv = torch.nn.Conv1d(128, 64, 3, padding=1)
+conv(x).square().mean().backward()
+print(hashlib.sha256(x.grad.numpy().tobytes() + conv.weight.grad.numpy().tobytes()).hexdigest())
+"""
+
+
+def _conv(how: str, **env_extra) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in PINS} | env_extra | {
+        "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    out = subprocess.run([sys.executable, "-c", CONV_PROBE, how], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(not AVX512, reason="needs an x86-64 CPU with AVX-512 (oneDNN's AVX-512 convolutions)")
+def test_a_stage_convolves_as_an_avx2_machine_does():
+    stage = _conv("stage")
+    assert stage == _conv("plain", ONEDNN_MAX_CPU_ISA="AVX2")  # the bytes an AVX2-only machine computes
+    assert stage != _conv("plain")  # unpinned, oneDNN's AVX-512 kernels sum in another order
+
+
 def test_pinning_after_numpy_loaded_changes_nothing(monkeypatch):
     from speccap.kernels import pin_kernels
     for k in PINS:

@@ -8,10 +8,13 @@ breathiness envelope convolves) and the log-mel (the mel filterbank is a product
 two machines of one kind, and with them every model and report. torch and MKL choose likewise
 (ATEN_CPU_CAPABILITY, MKL_CBWR), and so do numpy's own loops (its AVX-512 exp and log, the log-mel's,
 where the CPU has them: NPY_DISABLE_CPU_FEATURES) and numba's compiled code (librosa's pitch
-tracker, the prosody features: NUMBA_CPU_NAME). Seen on an AVX2-only machine (AMD EPYC): the corpus
+tracker, the prosody features: NUMBA_CPU_NAME), and oneDNN, which runs torch's convolutions (the
+audio encoder's) on CPU: ONEDNN_MAX_CPU_ISA. Seen on an AVX2-only machine (AMD EPYC): the corpus
 the same bytes as a dvc.lock made on an AVX-512 machine before numpy and numba were pinned, the
-features not. The stages pin all five to the AVX2 level (x86-64-v3), which every x86-64 machine the
-project runs on has: the results then depend on the inputs, not on the CPU.
+features not; and on an AVX-512 AMD EPYC (Zen 5), the corpus and features the same bytes as that
+AVX2 machine's dvc.lock but both captioners not, until oneDNN was pinned too. The stages pin all
+six to the AVX2 level (x86-64-v3), which every x86-64 machine the project runs on has: the results
+then depend on the inputs, not on the CPU.
 
 The pins take effect only when set before numpy and torch load: a stage's process imports `flows`
 first, which calls `pin_kernels`. A process that loaded them already (a test importing a flow) keeps
@@ -25,7 +28,8 @@ import platform
 import sys
 
 PINS = {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2",
-        "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR", "NUMBA_CPU_NAME": "haswell"}
+        "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR", "NUMBA_CPU_NAME": "haswell",
+        "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def pin_kernels() -> dict[str, str]:
