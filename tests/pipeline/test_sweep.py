@@ -185,6 +185,28 @@ def test_relinking_needs_the_source_records(tiny_project, tmp_path):
     assert list(relinked(cfg, [], tmp_path / "absent.jsonl", link, 0)) == []
 
 
+class _Reversed:
+    """A pool whose workers finish in the opposite order to the jobs'."""
+
+    def imap(self, jobs):
+        for cfg, clip_id in reversed(list(jobs)):
+            yield {"id": clip_id, "caption": f"caption of {clip_id}", "method": cfg["method"]}
+
+
+def test_a_finished_log_is_in_clip_order_whatever_order_the_workers_finished_in(tmp_path):
+    clips = [{"id": c} for c in ("c", "a", "d", "b")]
+    path = tmp_path / "edge.jsonl"
+    path.write_text(json.dumps({"id": "d", "caption": "kept  as written"}) + "\n")  # on record from an earlier run
+    records = run_config(RunConfig("edge", "en"), clips, _Reversed(), path)
+    assert [r["id"] for r in records] == ["c", "a", "d", "b"]
+    lines = path.read_text().splitlines()
+    assert [json.loads(x)["id"] for x in lines] == ["c", "a", "d", "b"]
+    assert lines[2] == json.dumps({"id": "d", "caption": "kept  as written"})  # each line's bytes kept
+    before = path.stat().st_mtime_ns
+    run_config(RunConfig("edge", "en"), clips, _Reversed(), path)  # nothing to do, nothing rewritten
+    assert path.stat().st_mtime_ns == before
+
+
 def _dies_on_one_clip(w, job):
     """caption_one, except that the worker given the clip named in $SPECCAP_TEST_DIE_ON dies."""
     import os

@@ -34,7 +34,7 @@ from ..metrics.caption import score_captions, tokenize
 from . import workers
 from .gate_names import CEILING, KEYS
 from .quality_table import format_share
-from .sweep import models_fingerprint
+from .sweep import in_clip_order, models_fingerprint
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,7 @@ def search(params: Params, pool, language: str, clips: list[dict], settings: Cei
     if errors:
         raise RuntimeError(f"the ceiling search failed on {len(errors)} clip(s) of {language} (the others are kept "
                            f"in {path}); first: {errors[0]['id']}: {errors[0]['error']}")
+    in_clip_order(path, [c["id"] for c in clips])
     return [done[c["id"]] for c in clips]
 
 

@@ -222,7 +222,23 @@ def run_config(cfg: RunConfig, clips: list[dict], pool, path: Path, progress=Non
         have[rec["id"]] = rec
         if progress is not None:
             progress()
+    in_clip_order(path, [c["id"] for c in clips])
     return [have[c["id"]] for c in clips]
+
+
+def in_clip_order(path: Path, ids: list[str]) -> None:
+    """Rewrite a record log appended as results arrived in the order of `ids` (lines of other ids
+    after them, as they were), each line's bytes kept: workers finish in an order the machine's load
+    decides, and a stage's outputs must not. Untouched when already in order."""
+    if not path.exists():
+        return
+    lines = [x for x in path.read_text(encoding="utf-8").splitlines(keepends=True) if x.strip()]
+    rank = {clip_id: i for i, clip_id in enumerate(ids)}
+    ordered = sorted(lines, key=lambda line: rank.get(json.loads(line).get("id"), len(rank)))  # stable
+    if ordered != lines:
+        tmp = path.with_name(path.name + ".part")
+        tmp.write_text("".join(x if x.endswith("\n") else x + "\n" for x in ordered), encoding="utf-8")
+        os.replace(tmp, path)
 
 
 def relinked(cfg: RunConfig, clip_ids: list[str], source: Path, link: LinkConfig, seed: int):
