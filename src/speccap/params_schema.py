@@ -300,6 +300,11 @@ class SweepParams:
     # model calls packed into one forward per model per step; 1 = one caption at a time. Above 1 the
     # clocks are charged by decode.cost (a shared forward's seconds are no caption's own)
     batch: Count = 1
+    # 0: off. N: batch-invariant decoding (batching.step_graphs.Invariant): every step over N rows at one
+    # shape, each clip prefilled alone, so on a GPU a caption does not depend on which or how many
+    # captions share its batch (any batch up to N / 2: a loop may hold two sessions); it costs the
+    # padding a full-width step computes
+    invariant_rows: NonNeg = 0
     runs_dir: str = "reports/runs"
     # Q-S next to speculative sampling, every block verified, at this temperature: one configuration
     # per lattice level (0 = the adaptive policy choosing L and level per round) plus the dense baseline

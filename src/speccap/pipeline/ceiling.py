@@ -34,7 +34,7 @@ from ..metrics.caption import score_captions, tokenize
 from . import workers
 from .gate_names import CEILING, KEYS
 from .quality_table import format_share
-from .sweep import in_clip_order, models_fingerprint
+from .sweep import in_clip_order, models_fingerprint, stepping_key
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,8 @@ def search(params: Params, pool, language: str, clips: list[dict], settings: Cei
            runs_dir: Path, progress=None) -> list[dict]:
     """Every clip's curve, in the order of `clips`: those on record under the same key read back,
     the others searched by `pool` (ceiling_one) and appended as they come."""
-    key = hashlib.sha256(json.dumps([dataclasses.asdict(settings), models]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([dataclasses.asdict(settings), models, *stepping_key(params)]).encode()
+                         ).hexdigest()[:12]
     path = Path(runs_dir) / f"{CEILING}.{language}.jsonl"
     done = {r["id"]: r for r in read_jsonl(path, tolerate_partial_last_line=True) if r.get("key") == key} \
         if path.exists() else {}

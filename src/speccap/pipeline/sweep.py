@@ -185,6 +185,12 @@ def wisv_fingerprint(params: Params) -> str:
     return hashlib.sha256(p.read_bytes() if p.exists() else b"missing").hexdigest()[:12]
 
 
+def stepping_key(params: Params) -> list:
+    """What a record depends on in how its caption was stepped: batch-invariant stepping's rows, when
+    set (empty when not, so the keys from before it stay)."""
+    return [("invariant_rows", params.sweep.invariant_rows)] if params.sweep.invariant_rows else []
+
+
 def config_key(cfg: RunConfig, params: Params, models_fp: str, clip_ids: list[str]) -> str:
     decode = dataclasses.asdict(params.decode)
     if cfg.method in ("edge", "cloud"):  # no gate, L, rule or loop: their records survive a change of those
@@ -199,6 +205,7 @@ def config_key(cfg: RunConfig, params: Params, models_fp: str, clip_ids: list[st
             items.append(("max_rank", params.wisv.max_rank))
     if relinkable(cfg):  # its records carry link_log (older ones did not)
         items.append("link_log")
+    items += stepping_key(params)
     blob = json.dumps(items, sort_keys=True, default=str)
     return f"{cfg.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 

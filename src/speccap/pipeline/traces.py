@@ -49,7 +49,7 @@ def trace_settings(params: Params):
 def traces_key(params: Params, settings=None) -> str:
     """What a clip's trace depends on besides the clip: records with another key are traced again."""
     blob = json.dumps([dataclasses.asdict(settings or trace_settings(params)), sweep.models_fingerprint(params),
-                       params.data.trace_references], sort_keys=True)
+                       params.data.trace_references, *sweep.stepping_key(params)], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
