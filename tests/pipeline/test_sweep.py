@@ -194,14 +194,15 @@ class _Reversed:
             yield {"id": clip_id, "caption": f"caption of {clip_id}", "method": cfg["method"]}
 
 
-def test_a_finished_log_is_in_clip_order_whatever_order_the_workers_finished_in(tmp_path):
+def test_a_finished_log_holds_its_clips_in_their_order_whatever_order_the_workers_finished_in(tmp_path):
     clips = [{"id": c} for c in ("c", "a", "d", "b")]
     path = tmp_path / "edge.jsonl"
-    path.write_text(json.dumps({"id": "d", "caption": "kept  as written"}) + "\n")  # on record from an earlier run
+    path.write_text(json.dumps({"id": "d", "caption": "kept  as written"}) + "\n"  # on record from an earlier run
+                    + json.dumps({"id": "z", "caption": "a clip this run does not have"}) + "\n")
     records = run_config(RunConfig("edge", "en"), clips, _Reversed(), path)
     assert [r["id"] for r in records] == ["c", "a", "d", "b"]
     lines = path.read_text().splitlines()
-    assert [json.loads(x)["id"] for x in lines] == ["c", "a", "d", "b"]
+    assert [json.loads(x)["id"] for x in lines] == ["c", "a", "d", "b"]  # "z" is no output of this run
     assert lines[2] == json.dumps({"id": "d", "caption": "kept  as written"})  # each line's bytes kept
     before = path.stat().st_mtime_ns
     run_config(RunConfig("edge", "en"), clips, _Reversed(), path)  # nothing to do, nothing rewritten

@@ -178,7 +178,7 @@ def collect(params: Params, pool: workers.Pool, out_dir: Path = TRACE_DIR, progr
                         done[rec["id"]] = rec
                     if progress is not None:
                         progress()
-            sweep.in_clip_order(path, [c["id"] for c in clips])
+            sweep.settle_log(path, [c["id"] for c in clips])
             frames += [clip_table(done[c["id"]], lang) for c in clips if c["id"] in done]
         tables[split] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if errors:
