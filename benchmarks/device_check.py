@@ -13,7 +13,10 @@ replayed from captured CUDA graphs (speccap.batching.step_graphs; on a CPU the f
 eagerly), side by side: captions and tokens per second, GPU memory (the framework's peak allocated),
 GPU utilisation (NVML, sampled every 50 ms through each run by speccap.metrics.system) and batch
 invariance (the share of captions that differ batched from alone, with the top-2 logit gap where
-they part). With random weights the captions mean nothing; their tokens are what is compared.
+they part). Then the batch-invariant setting (step_graphs.Invariant: every step at one shape, each
+clip prefilled alone), batched and one caption at a time through it: what it costs against the
+graphs, and whether its captions still differ. With random weights the captions mean nothing;
+their tokens are what is compared.
 
 Not in it yet: the replaying server (benchmarks/serving_replay.py needs the trained models).
 Without a GPU (and without `--device cpu`) it says so and writes a report that says so. Sections
@@ -33,6 +36,7 @@ import torch
 from common import write_report
 
 from speccap.batching.lockstep import decode_all
+from speccap.batching.step_graphs import Invariant
 from speccap.config import LinkConfig, ThinkerSize, load_params
 from speccap.decoding.build import DecodeSpec, build_decoder
 from speccap.decoding.engine import cloud_only, edge_only, speculative
@@ -95,19 +99,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_run(fn, edge, cloud, jobs, batch: int, device: torch.device, graphs: bool | None = None
-              ) -> tuple[list, dict]:
+def timed_run(fn, edge, cloud, jobs, batch: int, device: torch.device, graphs: bool | None = None,
+              invariant: Invariant | None = None) -> tuple[list, dict]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with ResourceMonitor() as mon:  # the GPU sampled through the run, as the pipeline's runs are
         _sync(device)
         t0 = time.perf_counter()
-        recs = decode_all(edge, cloud, fn, jobs, batch, graphs)
+        recs = decode_all(edge, cloud, fn, jobs, batch, graphs, invariant)
         _sync(device)
         wall = time.perf_counter() - t0
     tokens = sum(len(r.token_ids) for r in recs)
-    out = {"batch": batch, "graphs": graphs, "wall_s": wall, "captions_per_s": len(recs) / wall, "tokens_per_s": tokens / wall,
-           "tokens": tokens} | mon.gpu_summary()
+    out = {"batch": batch, "graphs": graphs, "invariant": invariant is not None, "wall_s": wall,
+           "captions_per_s": len(recs) / wall, "tokens_per_s": tokens / wall, "tokens": tokens} | mon.gpu_summary()
     if device.type == "cuda":
         out["peak_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
     return recs, out
@@ -158,6 +162,9 @@ def run(args) -> dict:
         result["parameters"] = {"edge": edge.num_parameters(), "cloud": cloud.num_parameters()}
         jobs = audio_clips(args.clips, 0)
         result["audio_seconds"] = [mel.shape[1] / FRAMES_PER_SECOND for mel, _ in jobs]
+        longest = max(len(lm.prompt_ids(mel.shape[1], lang)) for lm in (edge, cloud) for mel, lang in jobs)
+        invariant = Invariant.covering(args.batch, longest, args.max_new_tokens)
+        result["invariant"] = {"rows": invariant.rows, "span": invariant.span}
         warm = audio_clips(2, 1)  # first calls allocate and pick kernels: not timed
         for fn in loops(load_params(args.params), 4).values():
             decode_all(edge, cloud, fn, warm, 1)
@@ -170,7 +177,13 @@ def run(args) -> dict:
             eager, e = timed_run(fn, edge, cloud, jobs, args.batch, device, graphs=False)
             # the fixed shapes (batching.step_graphs): captured and replayed on CUDA, eager elsewhere
             graphed, g = timed_run(fn, edge, cloud, jobs, args.batch, device, graphs=True)
+            # the batch-invariant setting: one caption at a time and batched, both at its one shape
+            alone_inv, _ = timed_run(fn, edge, cloud, jobs, 1, device, invariant=invariant)
+            batched_inv, i = timed_run(fn, edge, cloud, jobs, args.batch, device, invariant=invariant)
             result["loops"][name] = {
+                "invariant": i, "invariant_ratio": i["captions_per_s"] / s["captions_per_s"],
+                "invariant_vs_graphs": i["captions_per_s"] / g["captions_per_s"],
+                "invariance_setting": invariance(name, alone_inv, batched_inv, jobs, edge, cloud),
                 "single": s, "batched": e, "graphs": g, "ratio": e["captions_per_s"] / s["captions_per_s"],
                 "graphs_ratio": g["captions_per_s"] / s["captions_per_s"],
                 "graphs_vs_eager": g["captions_per_s"] / e["captions_per_s"],
@@ -194,23 +207,29 @@ def markdown(r: dict) -> str:
               "| loop | executor | captions/s | tokens/s | peak allocated GB | GPU util mean / max % | x single | "
               "x batched eager |", "|---|---|---|---|---|---|---|---|"]
     fixed = "graphs" if r["device"].startswith("cuda") else "fixed shapes, eager"
+    kinds = (("single", "single", None), ("batched", "batched, eager step", "ratio"),
+             ("graphs", f"batched, {fixed}", "graphs_ratio"), ("invariant", "batched, batch-invariant", "invariant_ratio"))
     for name, row in r["loops"].items():
-        for kind, label in (("single", "single"), ("batched", "batched, eager step"), ("graphs", f"batched, {fixed}")):
+        for kind, label, ratio in kinds:
             x = row[kind]
             util = f"{x['gpu_percent']:.0f} / {x['gpu_percent_max']:.0f}" if "gpu_percent" in x else "–"
             mem = f"{x['peak_allocated_gb']:.1f}" if "peak_allocated_gb" in x else "–"
-            ratio = {"single": "", "batched": f"{row['ratio']:.2f}x", "graphs": f"{row['graphs_ratio']:.2f}x"}[kind]
-            vs_eager = f"{row['graphs_vs_eager']:.2f}x" if kind == "graphs" else ""
+            vs_eager = x["captions_per_s"] / row["batched"]["captions_per_s"]
             lines.append(f"| {name} | {label} (B = {x['batch']}) | {x['captions_per_s']:.2f} | {x['tokens_per_s']:.1f} | "
-                         f"{mem} | {util} | {ratio} | {vs_eager} |")
-    lines += ["", "Batch invariance: captions decoded batched that differ from the same clip decoded alone.", "",
+                         f"{mem} | {util} | {f'{row[ratio]:.2f}x' if ratio else ''} | "
+                         f"{f'{vs_eager:.2f}x' if kind in ('graphs', 'invariant') else ''} |")
+    inv_at = r["invariant"]
+    lines += ["", "Batch invariance: captions decoded batched that differ from the same clip decoded alone (the "
+              "first two: alone = the single executor; batch-invariant: alone = one caption at a time through the "
+              f"setting, {inv_at['rows']} rows x {inv_at['span']} slots).", "",
               "| loop | batched, eager step: differ | smallest top-2 gap where they part | "
-              f"batched, {fixed}: differ | smallest top-2 gap |", "|---|---|---|---|---|"]
+              f"batched, {fixed}: differ | smallest top-2 gap | batch-invariant: differ | smallest top-2 gap | "
+              "batch-invariant x graphs |", "|---|---|---|---|---|---|---|---|"]
     for name, row in r["loops"].items():
         cells = []
-        for inv in (row["invariance"], row["invariance_graphs"]):
+        for inv in (row["invariance"], row["invariance_graphs"], row["invariance_setting"]):
             cells += [f"{inv['differ']} / {inv['captions']}", f"{min(inv['top2_gaps']):.3g}" if inv["top2_gaps"] else "–"]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {row['invariant_vs_graphs']:.2f}x |")
     if r["skipped"]:
         lines += ["", f"Skipped (past the time budget): {', '.join(r['skipped'])}."]
     lines += ["", "Not measured here: the replaying server (benchmarks/serving_replay.py)."]

@@ -16,7 +16,7 @@ from flows import stage_main
 from flows.sweep_hooks import sweep_hooks
 from speccap.config import load_params, materialize
 from speccap.pipeline import folds
-from speccap.pipeline.ceiling import run_ceiling
+from speccap.pipeline.ceiling import log_name, run_ceiling
 from speccap.pipeline.crossfit import crossfit_configs, fold_clips, pool_folds
 from speccap.pipeline.folds import referenced_clips
 from speccap.pipeline.gate_report import OUT, build_gate_report, decode_references, gate_clips, gate_configs
@@ -49,7 +49,8 @@ def gate_eval_flow(params_path: str | None = None, overrides: dict | None = None
     have = {(r["method"], r["language"]) for r in reused}
     configs = [c for c in configs if (c.method, c.language) not in have]
     summary = run_sweep(params, params_path, "gate_eval", configs, clips_of, str(RUNS),
-                        extra_fp=gates_json["gates_key"], run_tags=lambda c: tags.get(c, {}), hooks=sweep_hooks())
+                        extra_fp=gates_json["gates_key"], run_tags=lambda c: tags.get(c, {}), hooks=sweep_hooks(),
+                        keep_also=tuple(log_name(lang) for lang in clips))
     if crossfit:
         summary = pool_folds(summary, configs, tags, clips_of, RUNS)
     summary["configs"] += reused

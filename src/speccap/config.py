@@ -101,6 +101,10 @@ def _validate(p: Params) -> None:
         raise ConfigError(f"params key sweep.batch: {p.sweep.batch} captions at once share every forward, so no "
                           "caption's compute can be measured; set decode.cost to a fitted cost model (`speccap "
                           "calibrate` prints one) or sweep.batch to 1")
+    if p.sweep.invariant_rows and p.sweep.invariant_rows < p.sweep.batch:
+        raise ConfigError(f"params key sweep.invariant_rows: {p.sweep.invariant_rows} rows cannot step a batch of "
+                          f"sweep.batch = {p.sweep.batch}; give it at least twice the batch (a loop may hold two "
+                          "sessions), or 0 to turn batch-invariant decoding off")
     if p.decode.rule in ("spec_sampling", "qs", "sq") and p.decode.temperature <= 0:
         raise ConfigError(f"params key decode.temperature: {p.decode.rule} needs sampling (temperature > 0)")
     if p.features.n_fft < p.features.hop_length:

@@ -48,9 +48,8 @@ class SyntheticParams:
     test_per_language: Count = 332
     references_per_clip: Count = 3
     workers: Count = 2
-    # Each emotion's pitch, range, rate and volume are drawn around its profile with the profile's
-    # spread times this: below 1 the emotions overlap less, so hearing them is easier (the cue
-    # combinations that tell them apart stay the same).
+    # Each emotion's pitch, range, rate and volume are drawn around its profile with the profile's spread
+    # times this: below 1 the emotions overlap less (the cue combinations that tell them apart stay).
     cue_spread: Annotated[float, Strict(), Field(gt=0, le=2)] = 1.0
 
 
@@ -291,15 +290,16 @@ class SweepParams:
         default_factory=lambda: {"entropy": (0.5, 1.0, 2.0), "margin": (0.1, 0.3, 0.5)})
     in_flight: tuple[NonNeg, ...] = ()  # pipelined runs at the default gate and L (blocks in flight, >= 1)
     clips: Int = 0  # test clips per language; 0 = the whole test split
-    # the headline configurations (edge-only, cloud-only, UGSD at decode's settings) run on `clips`;
-    # the others (L, gate, pipelined and Q-S sweeps) on the first `detail_clips` of them (0 = the same)
-    detail_clips: Int = 0
+    # edge-only, cloud-only and UGSD at decode's settings run on `clips`, the L, gate, pipelined and Q-S
+    detail_clips: Int = 0  # sweeps on the first `detail_clips` of them (0 = all of `clips`)
     workers: NonNeg = 2  # processes, each with the models loaded once
     threads: Count = 1  # torch threads per worker
-    # captions each worker decodes at once through the batching executor (batching.lockstep), their
-    # model calls packed into one forward per model per step; 1 = one caption at a time. Above 1 the
-    # clocks are charged by decode.cost (a shared forward's seconds are no caption's own)
+    # captions each worker decodes at once, one forward per model per step (batching.lockstep); above 1
+    # the clocks are charged by decode.cost (a shared forward's seconds are no caption's own)
     batch: Count = 1
+    # N > 0: batch-invariant stepping (batching.step_graphs.Invariant), every step over N rows at one shape:
+    # on a GPU a caption then does not depend on its batch (N >= 2 x batch: a loop may hold two sessions)
+    invariant_rows: NonNeg = 0
     runs_dir: str = "reports/runs"
     # Q-S next to speculative sampling, every block verified, at this temperature: one configuration
     # per lattice level (0 = the adaptive policy choosing L and level per round) plus the dense baseline

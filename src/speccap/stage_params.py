@@ -23,6 +23,10 @@ _CROSS_FIT = ("data.source", "data.trace_pool.path", "data.cross_fit", "sweep.cl
 # re-run `train`, whose models/ every decoding stage depends on), and the caption length
 _MODELS = (*(f"models.{role}.{k}" for role in ("edge", "cloud") for k in ("backend", "path", "dtype", "family", "size")),
            "models.max_new_tokens")
+# how a stage's captions are stepped: how many at once, and batch-invariant stepping with the room it
+# leaves for the longest clip (pipeline.workers.invariance)
+_EXECUTOR = ("sweep.batch", "sweep.invariant_rows", "data.max_clip_seconds", "features.sample_rate",
+             "features.hop_length")
 _WISV_RULE = ("wisv.tau", "wisv.protocol", "wisv.max_rank")  # what a wisv-rule configuration decodes with
 STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "prepare": ("seed", "data"),
@@ -33,28 +37,28 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "report": ("decode", "link", "sweep.detail_clips", "data.languages", "tracking.experiment"),
     "trace_refs": ("seed", "data.trace_references", *_CROSS_FIT, "decode.temperature", "decode.cloud_time_scale",
                    "decode.cost",
-                   *_MODELS, "data.languages", "sweep.workers", "sweep.threads", "sweep.batch", "tracking.experiment"),
+                   *_MODELS, "data.languages", "sweep.workers", "sweep.threads", *_EXECUTOR, "tracking.experiment"),
     "traces": ("seed", "data.trace_references", "gates.traces", "gates.entropy_temperatures", "decode.rank", *_MODELS,
-               "data.languages", "sweep.workers", "sweep.threads", "sweep.batch", "tracking.experiment"),
+               "data.languages", "sweep.workers", "sweep.threads", *_EXECUTOR, "tracking.experiment"),
     "gates": ("seed", "gates.kinds", "gates.targets", "gates.impact_weight", "gates.baselines", "gates.budgets",
               "gates.registry_name", "gates.verify", "gates.verify_ranks", "gates.promote_budget", "gates.traces",
               "gates.dagger", "gates.entropy_temperatures", "data.trace_references", *_GATE_DECODE, "sweep.workers",
-              "sweep.threads", "sweep.batch", *_MODELS, "data.languages", *_CROSS_FIT, "tracking.experiment"),
+              "sweep.threads", *_EXECUTOR, *_MODELS, "data.languages", *_CROSS_FIT, "tracking.experiment"),
     # gates are evaluated at the block length their thresholds were calibrated on (gates.traces.block_len),
     # so a change of decode.block_len leaves them alone
-    "gate_eval": ("seed", "gates", *_GATE_DECODE, *_CROSS_FIT, "link", "sweep.workers", "sweep.threads", "sweep.batch", *_MODELS,
+    "gate_eval": ("seed", "gates", *_GATE_DECODE, *_CROSS_FIT, "link", "sweep.workers", "sweep.threads", *_EXECUTOR, *_MODELS,
                   "wisv.channels", "data.languages", "tracking.experiment"),
-    "promote": ("seed", "gates", *_GATE_DECODE, "link", "sweep.workers", "sweep.threads", "sweep.batch", *_MODELS,
+    "promote": ("seed", "gates", *_GATE_DECODE, "link", "sweep.workers", "sweep.threads", *_EXECUTOR, *_MODELS,
                 "data.languages", "tracking.experiment"),
     "wisv_head": ("seed", "wisv.traces", "wisv.kappa", "wisv.policy_temperature", "wisv.budget_min",
                   "wisv.budget_max", "wisv.csi_draws", "wisv.hidden", "wisv.dropout", "wisv.epochs", "wisv.lr",
                   "wisv.rank", "wisv.scalars", "wisv.weight_decay", "wisv.patience", "wisv.labels",
                   "wisv.critical_weight", "wisv.tau", "wisv.registry_name", "gates.traces", "gates.entropy_temperatures",
                   "data.trace_references",
-                  "decode.rank", "sweep.batch", *_MODELS, "data.languages", "tracking.experiment"),
+                  "decode.rank", *_EXECUTOR, *_MODELS, "data.languages", "tracking.experiment"),
     # its edge-only, cloud-only and greedy runs read decode's temperature and clocks, and the link
     "wisv_eval": ("seed", "wisv", "decode.rank", "decode.temperature", "decode.edge_time_scale",
-                  "decode.cloud_time_scale", "decode.cost", "link", *_CROSS_FIT, "sweep.workers", "sweep.threads", "sweep.batch", *_MODELS,
+                  "decode.cloud_time_scale", "decode.cost", "link", *_CROSS_FIT, "sweep.workers", "sweep.threads", *_EXECUTOR, *_MODELS,
                   "data.languages", "tracking.experiment"),
     "privacy": ("seed", "privacy", "uplink", "features", "data.languages", "tracking.experiment"),
     "headline": ("data.languages",),

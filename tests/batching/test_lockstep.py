@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from speccap.batching.lockstep import Lockstep, SteppedLM, decode_all
+from speccap.batching.step_graphs import Invariant
 from speccap.config import LinkConfig
 from speccap.decoding.cost import CostModel
 from speccap.decoding.decision_head import DecisionHead
@@ -75,14 +76,20 @@ def _same(single, batched):
     assert [(p["kind"], p["bytes"]) for p in single.packets] == [(p["kind"], p["bytes"]) for p in batched.packets]
 
 
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "fixed shapes"])
+# the fixed shapes a GPU replays as graphs, and batch-invariant stepping (batching.step_graphs), run
+# eagerly here; 8 rows: a loop without the cloud cache holds two cloud sessions at once
+STEPPING = {"eager": {"graphs": False}, "fixed shapes": {"graphs": True},
+            "batch-invariant": {"invariant": Invariant(8, 512)}}
+
+
+@pytest.mark.parametrize("stepping", list(STEPPING))
 @pytest.mark.parametrize("loop", list(LOOPS))
-def test_every_loop_decodes_the_same_captions_batched(pair, clips, loop, graphs):
-    """Also at the fixed shapes a GPU replays as graphs (batching.step_graphs), run eagerly here."""
+def test_every_loop_decodes_the_same_captions_batched(pair, clips, loop, stepping):
     edge, cloud = pair
     fn = LOOPS[loop]
     single = [fn(edge, cloud, mel, lang) for mel, lang in clips]
-    ex = Lockstep(4, graphs)  # fewer rows than clips: finished loops hand their place to the next clip
+    # fewer rows than clips: finished loops hand their place to the next clip
+    ex = Lockstep(4, **STEPPING[stepping])
     e, c = ex.wrap(edge), ex.wrap(cloud)
     assert isinstance(e, SteppedLM) and isinstance(c, SteppedLM)
     batched = dict(ex.map(lambda job: (job[0], fn(e, c, *job[1])), list(enumerate(clips))))

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from speccap.batching import row_pool
+from speccap.batching.lockstep import decode_all
 from speccap.batching.row_pool import RowPool
-from speccap.batching.step_graphs import MAX_TOKENS, StepGraphs
+from speccap.batching.step_graphs import MAX_TOKENS, Invariant, StepGraphs
 
 from ..models.conftest import tiny_lm
 
@@ -68,6 +70,62 @@ def test_a_grown_cache_drops_the_graphs_made_over_its_old_tensors():
     assert set(fixed.graphs.graphs) == {(2, MAX_TOKENS)}  # the (1, 1) shape went with the old tensors
     for want, got in zip(eager.run([(0, [6])]), fixed.run([(0, [6])])):
         torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+
+
+def test_batch_invariant_stepping_runs_every_step_at_one_shape_with_the_eager_steps_logits():
+    lm = tiny_lm("qwen2_5_omni")
+    clips = _clips(3)
+    eager = RowPool(lm, 3, graphs=False)
+    inv = RowPool(lm, 3, invariant=Invariant(5, 512))
+    for pool in (eager, inv):
+        pool.prefill([(f, lang, False) for f, lang in clips])
+    assert inv.rows == 5 and inv.cache.capacity == 512 and inv.graphs.fixed
+    # a row alone, rows with a gap, and a request wider than MAX_TOKENS (run as steps of MAX_TOKENS)
+    steps = [[(1, [5])], [(0, [5, 6, 7]), (2, [8])], [(0, list(range(20, 20 + 2 * MAX_TOKENS + 3))), (2, [17])]]
+    for asks in steps:
+        for (want_l, want_h), (got_l, got_h) in zip(eager.run(asks), inv.run(asks)):
+            torch.testing.assert_close(got_l, want_l, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got_h, want_h, atol=1e-5, rtol=1e-5)
+        assert inv.lengths[:3] == eager.lengths and torch.equal(inv.cache.lengths[:3], eager.cache.lengths)
+    assert set(inv.graphs.graphs) == {(5, MAX_TOKENS)} and inv.graphs.eager == 0
+    assert inv.cache.capacity == 512  # never grown: the span is part of the shape
+
+
+def test_under_batch_invariant_stepping_a_caption_is_decoded_alone_as_in_a_batch(monkeypatch):
+    from speccap.config import LinkConfig
+    from speccap.decoding.engine import cloud_only
+    from speccap.decoding.link import Link
+    lm = tiny_lm("qwen2_5_omni")
+    prefilled = []
+    real = row_pool.prefill
+    monkeypatch.setattr(row_pool, "prefill", lambda m, clips, hidden=False: prefilled.append(len(clips))
+                        or real(m, clips, hidden))
+    fn = lambda e, c, clip: cloud_only(c, clip[0], clip[1], Link(LinkConfig()), 24).token_ids  # noqa: E731
+    inv = Invariant(4, 512)
+    alone = decode_all(lm, lm, fn, _clips(4), 1, invariant=inv)
+    assert prefilled == [1, 1, 1, 1]  # batch 1 still runs through the pool at the one shape
+    together = decode_all(lm, lm, fn, _clips(4), 4, invariant=inv)
+    assert together == alone and prefilled[4:] == [1, 1, 1, 1]  # each clip prefilled alone in the batch too
+    decode_all(lm, lm, fn, _clips(4), 4)
+    assert prefilled[8:] == [4]  # without the setting, one prefill for the batch
+
+
+def test_batch_invariant_stepping_refuses_what_does_not_fit_it():
+    lm = tiny_lm("qwen2_5_omni")
+    with pytest.raises(ValueError, match="batch of 6 does not fit batch-invariant stepping over 4 rows"):
+        RowPool(lm, 6, invariant=Invariant(4, 512))
+    with pytest.raises(ValueError, match="at least 1 row and 16 slots"):
+        Invariant(4, 8)
+    pool = RowPool(lm, 1, invariant=Invariant(1, 32))
+    with pytest.raises(ValueError, match="over the 32 slots of batch-invariant stepping"):
+        pool.prefill([(f, lang, False) for f, lang in _clips(1)])  # the prompt alone is longer
+    pool = RowPool(lm, 1, invariant=Invariant(1, 512))
+    pool.prefill([(f, lang, False) for f, lang in _clips(1)])
+    with pytest.raises(RuntimeError, match="all 1 rows of batch-invariant stepping are in use"):
+        pool.prefill([(f, lang, False) for f, lang in _clips(1)])
+    with pytest.raises(ValueError, match="over the 512 slots"):
+        pool.run([(0, list(range(5, 5 + 512)))])
+    assert Invariant.covering(4, 300, 128).span == 300 + 128 + 2 * MAX_TOKENS
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="capturing a graph needs CUDA")

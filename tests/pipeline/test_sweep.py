@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from speccap.config import params_from_dict
+from speccap.batching.step_graphs import MAX_TOKENS
+from speccap.config import load_params, params_from_dict
 from speccap.pipeline import workers
 from speccap.pipeline.sweep import RunConfig, build_configs, config_key, eval_clips, run_config, summarize
 from speccap.pipeline.workers import Pool
@@ -193,14 +194,15 @@ class _Reversed:
             yield {"id": clip_id, "caption": f"caption of {clip_id}", "method": cfg["method"]}
 
 
-def test_a_finished_log_is_in_clip_order_whatever_order_the_workers_finished_in(tmp_path):
+def test_a_finished_log_holds_its_clips_in_their_order_whatever_order_the_workers_finished_in(tmp_path):
     clips = [{"id": c} for c in ("c", "a", "d", "b")]
     path = tmp_path / "edge.jsonl"
-    path.write_text(json.dumps({"id": "d", "caption": "kept  as written"}) + "\n")  # on record from an earlier run
+    path.write_text(json.dumps({"id": "d", "caption": "kept  as written"}) + "\n"  # on record from an earlier run
+                    + json.dumps({"id": "z", "caption": "a clip this run does not have"}) + "\n")
     records = run_config(RunConfig("edge", "en"), clips, _Reversed(), path)
     assert [r["id"] for r in records] == ["c", "a", "d", "b"]
     lines = path.read_text().splitlines()
-    assert [json.loads(x)["id"] for x in lines] == ["c", "a", "d", "b"]
+    assert [json.loads(x)["id"] for x in lines] == ["c", "a", "d", "b"]  # "z" is no output of this run
     assert lines[2] == json.dumps({"id": "d", "caption": "kept  as written"})  # each line's bytes kept
     before = path.stat().st_mtime_ns
     run_config(RunConfig("edge", "en"), clips, _Reversed(), path)  # nothing to do, nothing rewritten
@@ -261,22 +263,35 @@ def test_a_batched_worker_writes_the_records_of_a_single_one(tiny_project, tmp_p
     per_call = {"prefill": [1e-3, 1e-5], "extend": [2e-4, 5e-5, 1e-7]}
     raw["decode"]["cost"] = {"edge": per_call, "cloud": per_call}
     records = {}
-    for batch in (1, 2):
-        raw["sweep"]["batch"] = batch
-        path = tmp_path / f"params{batch}.yaml"
+    # (batch, sweep.invariant_rows): batch-invariant stepping runs a batch of 1 through the executor too
+    for batch, rows in ((1, 0), (2, 0), (1, 4), (2, 4)):
+        raw["sweep"]["batch"], raw["sweep"]["invariant_rows"] = batch, rows
+        path = tmp_path / f"params{batch}-{rows}.yaml"
         path.write_text(yaml.safe_dump(raw))
-        pool = Pool(str(path), workers=0, threads=1, batch=batch)
+        pool = Pool.for_stage(load_params(str(path)), str(path), "decode")
+        assert pool.lockstep == (batch > 1 or rows > 0)
         for cfg in (RunConfig("edge", "en"), RunConfig("ugsd", "en", "entropy", 1.0, 2, "rank", 2),
                     RunConfig("ugsd", "en", "entropy", 1.0, 2, "rank", 2, in_flight=2)):
-            made = run_config(cfg, eval_clips(params, "en"), pool, tmp_path / f"{batch}-{cfg.name}.jsonl")
-            records[batch, cfg.name] = [{k: v for k, v in r.items() if k not in
-                                         ("wall_time", "model_time", "cpu_percent", "ram_gb")} for r in made]
+            made = run_config(cfg, eval_clips(params, "en"), pool, tmp_path / f"{batch}-{rows}-{cfg.name}.jsonl")
+            records[batch, rows, cfg.name] = [{k: v for k, v in r.items() if k not in
+                                               ("wall_time", "model_time", "cpu_percent", "ram_gb")} for r in made]
+        ex = workers.stepped(batch)[0] if pool.lockstep else None
         if batch > 1:  # the edge's forwards really were shared
-            assert any(p.asked > p.steps for p in workers.stepped(batch)[0].pools)
-    for (batch, name), recs in records.items():
+            assert any(p.asked > p.steps for p in ex.pools)
+        if rows:
+            inv = ex.invariant
+            assert inv is not None and inv.rows == rows and all(p.rows == rows for p in ex.pools)
+            assert all(set(p.graphs.graphs) == {(rows, MAX_TOKENS)} for p in ex.pools if p.steps)
+    for (_, _, name), recs in records.items():
         assert all("error" not in r for r in recs), recs
-        if batch > 1:
-            assert recs == records[1, name]
+        assert recs == records[1, 0, name]
+
+
+def test_batch_invariant_rows_must_hold_the_batch():
+    per_call = {"prefill": [1e-3, 1e-5], "extend": [2e-4, 5e-5, 1e-7]}
+    with pytest.raises(Exception, match="sweep.invariant_rows: 4 rows cannot step a batch of sweep.batch = 8"):
+        params_from_dict({"sweep": {"batch": 8, "invariant_rows": 4},
+                          "decode": {"cost": {"edge": per_call, "cloud": per_call}}})
 
 
 def test_a_batch_needs_a_cost_model():

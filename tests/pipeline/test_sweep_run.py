@@ -52,6 +52,18 @@ def test_each_configuration_is_a_run_a_failure_is_kept_and_a_rerun_redoes_only_i
     assert len(nested) == 3 and sum(r["name"] == good.name for r in nested) == 1  # logged once, not twice
 
 
+def test_a_sweep_leaves_its_folder_holding_its_own_record_logs(sweep_params, tmp_path):
+    params, params_file = sweep_params
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for stale in ("edge-en-0123456789.jsonl", "extra.en.jsonl", "notes.txt"):  # an earlier run's, and others
+        (runs / stale).write_text('{"id": "x"}\n')
+    out = run_sweep(params, params_file, "decode", [RunConfig("edge", "en")], _clips(params), str(runs),
+                    keep_also=("extra.en.jsonl",))
+    key = out["configs"][0]["config_id"]
+    assert sorted(p.name for p in runs.iterdir()) == sorted([f"{key}.jsonl", "extra.en.jsonl", "notes.txt"])
+
+
 def test_a_cluster_sweep_needs_the_runner_a_flow_lends(sweep_params, tmp_path):
     params, params_file = sweep_params
     params = dataclasses.replace(params, cluster=dataclasses.replace(params.cluster, executor="dask"))

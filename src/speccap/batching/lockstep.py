@@ -29,6 +29,7 @@ from greenlet import getcurrent, greenlet
 
 from ..models.base import AudioLM, Session, StepOutput, Summarize
 from .row_pool import Prefilled, RowPool, batchable
+from .step_graphs import Invariant
 
 
 class _Ask:
@@ -50,7 +51,10 @@ class _Ask:
             if a.summarize is not None:
                 by_fn.setdefault(a.summarize, []).append(i)
         for fn, idx in by_fn.items():
-            made = fn(torch.stack([outs[i][0][-1] for i in idx]))
+            last = torch.stack([outs[i][0][-1] for i in idx])
+            if pool.invariant is not None:  # a reduction's order follows its shape: one shape for any batch
+                last = torch.cat([last, last.new_zeros((pool.rows - len(idx), last.shape[1]))])
+            made = fn(last)
             for i, summary in zip(idx, made):
                 outs[i] = outs[i][:2] + (summary,)
         return outs
@@ -70,19 +74,20 @@ class _Start:
 
 
 class Lockstep:
-    """Runs jobs `batch` at a time (`map`), on the models `wrap` returns; `graphs` as RowPool's."""
+    """Runs jobs `batch` at a time (`map`), on the models `wrap` returns; `graphs` and `invariant`
+    as RowPool's."""
 
-    def __init__(self, batch: int, graphs: bool | None = None):
+    def __init__(self, batch: int, graphs: bool | None = None, invariant: Invariant | None = None):
         if batch < 1:
             raise ValueError(f"the batch must be at least 1 caption, got {batch}")
-        self.batch, self.graphs = batch, graphs
+        self.batch, self.graphs, self.invariant = batch, graphs, invariant
         self.hub: greenlet | None = None  # the greenlet running `map`, while it runs
         self.pools: list[RowPool] = []
 
     def wrap(self, lm: AudioLM) -> AudioLM:
         """`lm` with its sessions as rows of a pool stepped by this executor; a model whose sessions
         cannot share a step is returned as it is (its forwards then run one at a time)."""
-        return stepped(lm, self, self.batch, self.pools, self.graphs)
+        return stepped(lm, self, self.batch, self.pools, self.graphs, self.invariant)
 
     def ask(self, ask: _Ask | _Start):
         """A loop's model call: parks the loop until the next step (outside `map`, runs at once)."""
@@ -154,24 +159,26 @@ def step_all_alone(asks: list[_Ask | _Start]) -> list:
     return outs
 
 
-def stepped(lm: AudioLM, executor, rows: int, pools: list[RowPool], graphs: bool | None = None) -> AudioLM:
+def stepped(lm: AudioLM, executor, rows: int, pools: list[RowPool], graphs: bool | None = None,
+            invariant: Invariant | None = None) -> AudioLM:
     """`lm` with its sessions as rows of a new pool (`rows` to start with, added to `pools`, stepping
-    with `graphs` as RowPool's) whose calls go through `executor.ask`; a model whose sessions cannot
-    share a step, as it is."""
+    with `graphs` and `invariant` as RowPool's) whose calls go through `executor.ask`; a model whose
+    sessions cannot share a step, as it is."""
     if not batchable(lm):
         return lm
-    pool = RowPool(lm, rows, graphs)
+    pool = RowPool(lm, rows, graphs, invariant)
     pools.append(pool)
     return SteppedLM(lm, pool, executor)
 
 
 def decode_all(edge: AudioLM, cloud: AudioLM, fn: Callable, jobs: list, batch: int,
-               graphs: bool | None = None) -> list:
+               graphs: bool | None = None, invariant: Invariant | None = None) -> list:
     """[fn(edge, cloud, job) for job in jobs], `batch` jobs at a time through a `Lockstep` stepping
-    with `graphs` (1: one at a time, on the models themselves); in the jobs' order."""
-    if batch <= 1:
+    with `graphs` and `invariant` (batch 1 without `invariant`: one at a time, on the models
+    themselves); in the jobs' order."""
+    if batch <= 1 and invariant is None:
         return [fn(edge, cloud, job) for job in jobs]
-    ex = Lockstep(batch, graphs)
+    ex = Lockstep(batch, graphs, invariant)
     e, c = ex.wrap(edge), ex.wrap(cloud)
     out = dict(ex.map(lambda ij: (ij[0], fn(e, c, ij[1])), list(enumerate(jobs))))
     return [out[i] for i in range(len(jobs))]

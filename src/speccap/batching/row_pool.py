@@ -27,7 +27,7 @@ from ..models.base import AudioLM
 from ..models.language_mask import BLOCKED_LOGIT
 from ..models.thinker import ThinkerLM, prefill
 from .batched_step import BatchedCache, BatchedStep
-from .step_graphs import StepGraphs
+from .step_graphs import MAX_TOKENS, Invariant, StepGraphs
 
 
 @dataclass
@@ -64,20 +64,27 @@ def batchable(lm: AudioLM) -> bool:
 class RowPool:
     """Up to `rows` sessions of `lm` in one batched KV cache. `graphs`: step at a few fixed shapes,
     replayed from captured CUDA graphs on a GPU (batching.step_graphs); None: where the model is on
-    CUDA (elsewhere the eager step, whose shapes follow the rows asking)."""
+    CUDA (elsewhere the eager step, whose shapes follow the rows asking). `invariant`: every step at
+    one shape and every clip prefilled alone, so a caption does not depend on its batch
+    (step_graphs.Invariant: its rows, at least `rows`, and its span are the pool's, never grown)."""
 
-    def __init__(self, lm: ThinkerLM, rows: int, graphs: bool | None = None):
+    def __init__(self, lm: ThinkerLM, rows: int, graphs: bool | None = None, invariant: Invariant | None = None):
         if not batchable(lm):
             raise ValueError(f"{lm.name}: its sessions cannot share a batched step (not a Qwen2.5-Omni thinker "
                              f"on the fast step)")
         if rows < 1:
             raise ValueError(f"a row pool needs at least one row, got {rows}")
-        self.lm = lm
+        if invariant is not None and rows > invariant.rows:
+            raise ValueError(f"a batch of {rows} does not fit batch-invariant stepping over {invariant.rows} rows")
+        self.lm, self.invariant = lm, invariant
         self.step = BatchedStep(lm.model)
         cuda = torch.device(lm.device).type == "cuda"
-        self.graphs = StepGraphs(self.step, capture=cuda) if (cuda if graphs is None else graphs) else None
+        fixed = invariant is not None or (cuda if graphs is None else graphs)
+        self.graphs = StepGraphs(self.step, capture=cuda, fixed=invariant is not None) if fixed else None
+        if invariant is not None:
+            rows = invariant.rows
         with torch.inference_mode():  # see _guarded
-            self.cache = BatchedCache(self.step, rows, _ROOM)
+            self.cache = BatchedCache(self.step, rows, _ROOM if invariant is None else invariant.span)
             # each row's blocked ids (its caption's language) as a mask over the logits: every row's
             # are masked in one operation per step, not one per caption
             self.blocked = torch.zeros((rows, self.step.lm_head.shape[0]), dtype=torch.bool, device=lm.device)
@@ -104,9 +111,14 @@ class RowPool:
         What `ThinkerLM.start` computes for each clip alone, within float rounding; `hidden`: keep the
         last-layer state at the prompt's last position."""
         t0 = time.perf_counter()
-        start = prefill(self.lm, [(f, language) for f, language, _ in asks], any(h for _, _, h in asks))
+        clips = [(f, language) for f, language, _ in asks]
+        if self.invariant is None:
+            start = prefill(self.lm, clips, any(h for _, _, h in asks))
+            starts = [(start, i) for i in range(len(asks))]
+        else:  # a batch prefill's shapes follow the longest clip asking with it
+            starts = [(prefill(self.lm, [clip], h), 0) for clip, (_, _, h) in zip(clips, asks)]
         made = []
-        for i, (_, _, want_hidden) in enumerate(asks):
+        for (start, i), (_, _, want_hidden) in zip(starts, asks):
             n = start.lengths[i]
             row = self._free_row(n)
             self.cache.load_row(row, start.out.past_key_values, start.deltas[i], source=i, length=n)
@@ -121,14 +133,26 @@ class RowPool:
 
     def _free_row(self, prompt_len: int) -> int:
         """The lowest free row, with room for `prompt_len` positions and a caption."""
+        if not self.free and self.invariant is not None:
+            raise RuntimeError(f"all {self.rows} rows of batch-invariant stepping are in use: give it more rows "
+                               "than captions decoded at once (a loop may hold two sessions)")
         if not self.free:  # a loop holding two sessions at once (a new one before the old is dropped)
             more = self.rows
             self.cache.add_rows(more)
             self.blocked = torch.cat([self.blocked, torch.zeros_like(self.blocked)])
             self.lengths += [0] * more
             self.free = list(range(self.rows - more, self.rows))
-        self.cache.grow(_capacity(prompt_len + _ROOM))
+        self._room(prompt_len + MAX_TOKENS, _capacity(prompt_len + _ROOM))
         return heapq.heappop(self.free)
+
+    def _room(self, need: int, grown: int) -> None:
+        """Slots for `need` positions per row: the cache grown to `grown`, or, at a fixed span, an
+        error when they do not fit."""
+        if self.invariant is None:
+            self.cache.grow(grown)
+        elif need > self.cache.capacity:
+            raise ValueError(f"a row would reach {need} positions, over the {self.cache.capacity} slots of "
+                             "batch-invariant stepping: give its span room for the longest prompt and caption")
 
     @_guarded
     def release(self, row: int) -> None:
@@ -157,7 +181,8 @@ class RowPool:
         n = max(len(ids) for _, ids in asks)
         # padding writes past a row's end too, in every row the step runs over
         wide, deep = (self.graphs and self.graphs.shape(self.cache, top, n)) or (top, n)
-        self.cache.grow(_capacity(max(self.lengths[:wide]) + deep))
+        need = max(self.lengths[:wide]) + deep
+        self._room(need, _capacity(need))
         rows = [[0] * n for _ in range(top)]  # built in Python, made a tensor once
         counts = [0] * top
         for row, toks in asks:

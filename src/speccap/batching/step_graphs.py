@@ -16,6 +16,16 @@ differ from the eager step's (a longer masked span, another kernel for another s
 shapes are a setting of their own (RowPool's `graphs`) and the eager step stays the default off CUDA.
 Off CUDA, or with `capture=False`, the same fixed-shape step runs eagerly: that is how the tests on
 CPU hold the bucketing and padding to the eager step's results.
+
+Batch invariance (`Invariant`). On a GPU a row's logits can depend on the batch it was stepped in:
+the kernels a matrix product or an attention runs, and the order they sum in, are chosen by the
+shape, and the shape follows how many rows ask and how long the longest is. A caption then depends
+on which captions shared its steps (in bfloat16 a batched row's argmax disagreed with its own
+sequence's in 12% of rows, reports/batched_step_cuda_7b.md). Under `Invariant(rows, span)` every
+step runs at one shape whatever asks: all `rows` rows, `MAX_TOKENS` tokens each (a wider request as
+successive steps of `MAX_TOKENS`), attention over `span` slots; and each clip is prefilled alone.
+What a row computes then depends on its own tokens only, so a caption is the same in a batch of
+32, of 1, or beside any other captions; the price is the padding a full-width step computes.
 """
 
 from __future__ import annotations
@@ -34,6 +44,24 @@ def _bucket(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+@dataclass(frozen=True)
+class Invariant:
+    """Batch-invariant stepping (module docstring): every step over `rows` rows of `span` slots."""
+    rows: int  # rows of the pool: at least the batch, and the same for every run meant to agree
+    span: int  # slots per row: the longest prompt + the longest caption + MAX_TOKENS
+
+    def __post_init__(self):
+        if self.rows < 1 or self.span < MAX_TOKENS:
+            raise ValueError(f"batch-invariant stepping needs at least 1 row and {MAX_TOKENS} slots, got "
+                             f"{self.rows} rows and {self.span} slots")
+
+    @classmethod
+    def covering(cls, rows: int, longest_prompt: int, max_new_tokens: int) -> Invariant:
+        """Room for a caption of `max_new_tokens` after a prompt of `longest_prompt` positions, with
+        the last step's padding."""
+        return cls(rows, longest_prompt + max_new_tokens + 2 * MAX_TOKENS)
+
+
 @dataclass
 class _Graph:
     """One captured shape: its static inputs, outputs and the graph (None: not captured, run eagerly)."""
@@ -48,8 +76,9 @@ class StepGraphs:
     """`run(cache, rows, counts)`: `step.step` at a bucketed shape, replayed from a captured graph
     where `capture` (a CUDA model), else run eagerly at that shape."""
 
-    def __init__(self, step: BatchedStep, capture: bool):
+    def __init__(self, step: BatchedStep, capture: bool, fixed: bool = False):
         self.step, self.capture = step, capture
+        self.fixed = fixed  # one shape for every step: all rows, MAX_TOKENS tokens (Invariant)
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.layout: tuple | None = None
         self.pool = torch.cuda.graph_pool_handle() if capture else None  # one memory pool for every shape
@@ -58,7 +87,10 @@ class StepGraphs:
         self.eager = 0  # steps wider than MAX_TOKENS
 
     def shape(self, cache: BatchedCache, top: int, n: int) -> tuple[int, int] | None:
-        """(rows, tokens) a step of rows 0..top-1 asking up to `n` tokens runs at; None: eagerly."""
+        """(rows, tokens) a step of rows 0..top-1 asking up to `n` tokens runs at (fixed: the tokens
+        its steps of MAX_TOKENS write); None: eagerly."""
+        if self.fixed:
+            return cache.rows, -(-n // MAX_TOKENS) * MAX_TOKENS
         if n > MAX_TOKENS:
             return None
         return min(_bucket(top), cache.rows), _bucket(n)
@@ -70,6 +102,10 @@ class StepGraphs:
         as `BatchedStep.step` gives them; the cache must hold `shape`'s rows x tokens past every row's
         length in that bucket."""
         top, n = len(rows), len(rows[0])
+        if self.fixed and n > MAX_TOKENS:  # the one shape, step after step: causal attention makes it one step
+            parts = [self.run(cache, [r[c: c + MAX_TOKENS] for r in rows],
+                              [min(max(k - c, 0), MAX_TOKENS) for k in counts]) for c in range(0, n, MAX_TOKENS)]
+            return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
         shape = self.shape(cache, top, n)
         device = cache.lengths.device
         if shape is None:

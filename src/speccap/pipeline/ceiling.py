@@ -34,7 +34,7 @@ from ..metrics.caption import score_captions, tokenize
 from . import workers
 from .gate_names import CEILING, KEYS
 from .quality_table import format_share
-from .sweep import in_clip_order, models_fingerprint
+from .sweep import models_fingerprint, settle_log, stepping_key
 
 
 @dataclass(frozen=True)
@@ -87,12 +87,18 @@ def settings_for(params: Params, rank: int, gaps: dict[str, float]) -> CeilingSe
                            emotion_gap=round(max(gaps.get("emotion_hit_rate", 0.0), 1.0), 6))
 
 
+def log_name(language: str) -> str:
+    """The file in the runs folder holding a language's ceiling curves."""
+    return f"{CEILING}.{language}.jsonl"
+
+
 def search(params: Params, pool, language: str, clips: list[dict], settings: CeilingSettings, models: str,
            runs_dir: Path, progress=None) -> list[dict]:
     """Every clip's curve, in the order of `clips`: those on record under the same key read back,
     the others searched by `pool` (ceiling_one) and appended as they come."""
-    key = hashlib.sha256(json.dumps([dataclasses.asdict(settings), models]).encode()).hexdigest()[:12]
-    path = Path(runs_dir) / f"{CEILING}.{language}.jsonl"
+    key = hashlib.sha256(json.dumps([dataclasses.asdict(settings), models, *stepping_key(params)]).encode()
+                         ).hexdigest()[:12]
+    path = Path(runs_dir) / log_name(language)
     done = {r["id"]: r for r in read_jsonl(path, tolerate_partial_last_line=True) if r.get("key") == key} \
         if path.exists() else {}
     jobs = [(c["id"], "test", language, c["references"], c.get("emotion"), key, dataclasses.asdict(settings))
@@ -109,7 +115,7 @@ def search(params: Params, pool, language: str, clips: list[dict], settings: Cei
     if errors:
         raise RuntimeError(f"the ceiling search failed on {len(errors)} clip(s) of {language} (the others are kept "
                            f"in {path}); first: {errors[0]['id']}: {errors[0]['error']}")
-    in_clip_order(path, [c["id"] for c in clips])
+    settle_log(path, [c["id"] for c in clips], keep=lambda r: r.get("key") == key)
     return [done[c["id"]] for c in clips]
 
 

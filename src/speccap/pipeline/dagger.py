@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -84,6 +85,10 @@ def dagger_rounds(params: Params, params_path: str | None, train: pd.DataFrame, 
                        "val_auc_after": {t: result["gates"][round_gate(result)].get(f"auc_{t}")
                                          for t in ("mismatch", "critical")}, "chosen_after": round_gate(result),
                        "corrected_share_of_val_tokens": float((~val["kept"].astype(bool)).mean()) if len(val) else 0.0})
+    ran = {f"round{k}" for k in range(1, params.gates.dagger.rounds + 1)}
+    for old in out_dir.glob("round*"):  # rounds an earlier run had beyond this one's: no output of it
+        if old.is_dir() and old.name not in ran:
+            shutil.rmtree(old)
     return result, rounds
 
 

@@ -185,6 +185,12 @@ def wisv_fingerprint(params: Params) -> str:
     return hashlib.sha256(p.read_bytes() if p.exists() else b"missing").hexdigest()[:12]
 
 
+def stepping_key(params: Params) -> list:
+    """What a record depends on in how its caption was stepped: batch-invariant stepping's rows, when
+    set (empty when not, so the keys from before it stay)."""
+    return [("invariant_rows", params.sweep.invariant_rows)] if params.sweep.invariant_rows else []
+
+
 def config_key(cfg: RunConfig, params: Params, models_fp: str, clip_ids: list[str]) -> str:
     decode = dataclasses.asdict(params.decode)
     if cfg.method in ("edge", "cloud"):  # no gate, L, rule or loop: their records survive a change of those
@@ -199,6 +205,7 @@ def config_key(cfg: RunConfig, params: Params, models_fp: str, clip_ids: list[st
             items.append(("max_rank", params.wisv.max_rank))
     if relinkable(cfg):  # its records carry link_log (older ones did not)
         items.append("link_log")
+    items += stepping_key(params)
     blob = json.dumps(items, sort_keys=True, default=str)
     return f"{cfg.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
@@ -222,23 +229,34 @@ def run_config(cfg: RunConfig, clips: list[dict], pool, path: Path, progress=Non
         have[rec["id"]] = rec
         if progress is not None:
             progress()
-    in_clip_order(path, [c["id"] for c in clips])
+    settle_log(path, [c["id"] for c in clips])
     return [have[c["id"]] for c in clips]
 
 
-def in_clip_order(path: Path, ids: list[str]) -> None:
-    """Rewrite a record log appended as results arrived in the order of `ids` (lines of other ids
-    after them, as they were), each line's bytes kept: workers finish in an order the machine's load
-    decides, and a stage's outputs must not. Untouched when already in order."""
+def settle_log(path: Path, ids: list[str], keep: Callable[[dict], bool] | None = None) -> None:
+    """Leave a record log appended as results arrived holding the records of `ids` alone (those
+    `keep` accepts), in the order of `ids`, each line's bytes kept: workers finish in an order the
+    machine's load decides, and what an earlier run left for other clips or settings is no result of
+    this one; a stage's outputs must depend on neither. Untouched when already so."""
     if not path.exists():
         return
     lines = [x for x in path.read_text(encoding="utf-8").splitlines(keepends=True) if x.strip()]
     rank = {clip_id: i for i, clip_id in enumerate(ids)}
-    ordered = sorted(lines, key=lambda line: rank.get(json.loads(line).get("id"), len(rank)))  # stable
+    records = [(line, json.loads(line)) for line in lines]
+    kept = [(rank[r.get("id")], line) for line, r in records if r.get("id") in rank and (keep is None or keep(r))]
+    ordered = [line for _, line in sorted(kept, key=lambda x: x[0])]  # stable: a clip's lines stay in order
     if ordered != lines:
         tmp = path.with_name(path.name + ".part")
         tmp.write_text("".join(x if x.endswith("\n") else x + "\n" for x in ordered), encoding="utf-8")
         os.replace(tmp, path)
+
+
+def prune_logs(folder: Path, keep: set[str]) -> None:
+    """Delete the record logs (*.jsonl) in `folder` not named in `keep`: an earlier run's, for
+    configurations or settings this run no longer has (their keys differ), are no output of it."""
+    for path in Path(folder).glob("*.jsonl"):
+        if path.name not in keep:
+            path.unlink()
 
 
 def relinked(cfg: RunConfig, clip_ids: list[str], source: Path, link: LinkConfig, seed: int):

@@ -23,7 +23,16 @@ from ..fanout import WorkerDied
 from ..metrics.system import ResourceMonitor
 from ..project import portable_arg
 from ..tracking import Tracker
-from .sweep import RunConfig, config_key, link_config, models_fingerprint, relink_source, run_config, summarize
+from .sweep import (
+    RunConfig,
+    config_key,
+    link_config,
+    models_fingerprint,
+    prune_logs,
+    relink_source,
+    run_config,
+    summarize,
+)
 from .workers import Pool
 
 # cluster(params, params_path, [(config, key, clips)], runs_dir) -> {key: {"metrics", "worker"} or an error text}
@@ -46,10 +55,11 @@ class SweepHooks:
 
 def run_sweep(params: Params, params_path: str | None, stage: str, configs: list[RunConfig],
               clips: dict[str, list[dict]] | Callable[[RunConfig], list[dict]], runs_dir: str, extra_fp: str = "",
-              run_tags=None, hooks: SweepHooks = SweepHooks()) -> dict:
+              run_tags=None, hooks: SweepHooks = SweepHooks(), keep_also: tuple[str, ...] = ()) -> dict:
     """Run `configs` on their clips (per language, or `clips(cfg)` per configuration); returns
     {sweep_key, models, tracking_uri, configs: [...]}. `run_tags(cfg)` adds params to a
-    configuration's MLflow run (e.g. the budget of a gate)."""
+    configuration's MLflow run (e.g. the budget of a gate). Once every configuration has run, the
+    runs folder holds their record logs and the files named in `keep_also` alone (prune_logs)."""
     fp = models_fingerprint(params) + extra_fp
     clips_of = {c: (clips(c) if callable(clips) else clips[c.language]) for c in configs}
     keys = {c: config_key(c, params, fp, [x["id"] for x in clips_of[c]]) for c in configs}
@@ -121,6 +131,7 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
     # the device's figures over the whole stage, whichever of its processes used it (none without a GPU)
     if stage_gpu := {f"stage_{k}": v for k, v in mon.gpu_summary().items()}:
         tracker.log_metrics(summary["parent_run_id"], stage_gpu)
+    prune_logs(Path(runs_dir), {f"{k}.jsonl" for k in keys.values()} | set(keep_also))
     failed = [c["name"] for c in summary["configs"] if c["status"] == "FAILED"]
     hooks.log.info(f"{len(configs) - len(failed)} configurations finished, {len(failed)} failed {failed}")
     return summary

@@ -49,7 +49,7 @@ def trace_settings(params: Params):
 def traces_key(params: Params, settings=None) -> str:
     """What a clip's trace depends on besides the clip: records with another key are traced again."""
     blob = json.dumps([dataclasses.asdict(settings or trace_settings(params)), sweep.models_fingerprint(params),
-                       params.data.trace_references], sort_keys=True)
+                       params.data.trace_references, *sweep.stepping_key(params)], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -178,7 +178,7 @@ def collect(params: Params, pool: workers.Pool, out_dir: Path = TRACE_DIR, progr
                         done[rec["id"]] = rec
                     if progress is not None:
                         progress()
-            sweep.in_clip_order(path, [c["id"] for c in clips])
+            sweep.settle_log(path, [c["id"] for c in clips])
             frames += [clip_table(done[c["id"]], lang) for c in clips if c["id"] in done]
         tables[split] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if errors:

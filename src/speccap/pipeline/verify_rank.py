@@ -33,7 +33,7 @@ from ..metrics.bootstrap import ClipStats, difference, interval
 from .gates import learned_names, main_gate
 from .markdown import md_table
 from .saved import gate_path
-from .sweep import RunConfig, config_key, models_fingerprint, run_config, summarize
+from .sweep import RunConfig, config_key, models_fingerprint, prune_logs, run_config, summarize
 from .trace_refs import refs_path, training_clips
 from .workers import Pool
 
@@ -99,10 +99,12 @@ def choose_verify_rank(params: Params, params_path: str | None, gates_json: dict
            "chosen": {}, "validation": {}}
     if len(ranks) == 1:
         out["chosen"] = {lang: default for lang in params.data.languages}
+        prune_logs(out_dir, set())  # nothing decoded: an earlier run's logs are no output of this one
         return out
     gate_sha = hashlib.sha256(gate_path(params, name).read_bytes()).hexdigest()[:12]
     models_fp = models_fingerprint(params)
     pool = Pool.for_stage(params, params_path, "gates", workers=workers)
+    used = set()
     try:
         for lang in params.data.languages:
             clips = validation_clips(params, lang)
@@ -114,12 +116,14 @@ def choose_verify_rank(params: Params, params_path: str | None, gates_json: dict
             for r in ranks:
                 cfg = rank_config(params, lang, name, thresholds[lang], r)
                 path = out_dir / f"{config_key(cfg, params, models_fp, ids)}-{gate_sha}.jsonl"
+                used.add(path.name)
                 summary = summarize(cfg, run_config(cfg, clips, pool, path, progress), clips)
                 stats[r], rho[r] = ClipStats.from_json(summary["clip_stats"]), summary["rho"]
             out["chosen"][lang], rows = choose(stats, default)
             out["validation"][lang] = {str(r): {**row, "rho": rho[r], "clips": len(ids)} for r, row in rows.items()}
     finally:
         pool.close()
+    prune_logs(out_dir, used)
     return out
 
 

@@ -10,6 +10,7 @@ batched without knowing it."""
 
 from __future__ import annotations
 
+import math
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -17,6 +18,8 @@ from functools import partial
 from itertools import islice
 
 from ..batching.lockstep import Lockstep, decode_all
+from ..batching.row_pool import batchable
+from ..batching.step_graphs import Invariant
 from ..config import Params, load_params
 from ..data.featurize import load_clip_features
 from ..decoding.build import DecodeSpec, build_decoder
@@ -56,9 +59,29 @@ def stepped(batch: int) -> tuple[Lockstep, Worker]:
     w = worker()
     key = (batch, id(w.edge), id(w.cloud))
     if key not in _PROCESS.setdefault("stepped", {}):
-        ex = Lockstep(batch)
+        ex = Lockstep(batch, invariant=invariance(w.params, (w.edge, w.cloud)))
         _PROCESS["stepped"][key] = ex, replace(w, edge=ex.wrap(w.edge), cloud=ex.wrap(w.cloud))
     return _PROCESS["stepped"][key]
+
+
+def invariance(params: Params, models) -> Invariant | None:
+    """`sweep.invariant_rows` as the executor's setting (None: off): its rows, and room in each for the
+    longest prompt a clip of data.max_clip_seconds makes for any of `models` and a caption of
+    models.max_new_tokens."""
+    rows = params.sweep.invariant_rows
+    thinkers = [lm for lm in models if batchable(lm)]
+    if not rows or not thinkers:
+        return None
+    f = params.features
+    frames = math.ceil(params.data.max_clip_seconds * f.sample_rate / f.hop_length) + 1
+    longest = max(len(lm.prompt_ids(frames, lang)) for lm in thinkers for lang in params.data.languages)
+    return Invariant.covering(rows, longest, params.models.max_new_tokens)
+
+
+def through_executor(params: Params) -> bool:
+    """Whether a stage's jobs run through the batching executor: batched, or batch-invariant (a
+    caption alone then steps at the setting's shape too, as it would in a batch)."""
+    return params.sweep.batch > 1 or params.sweep.invariant_rows > 0
 
 
 def _init_worker(params_path: str | None, threads: int) -> None:
@@ -169,25 +192,27 @@ Decode = Callable[[Callable, list], list]
 def in_process(params: Params, edge, cloud) -> Decode:
     """`Decode` over `edge` and `cloud` held in this process, `sweep.batch` jobs at once (as a stage's
     worker pool runs them: Pool.for_stage)."""
-    return partial(decode_all, edge, cloud, batch=params.sweep.batch)
+    return partial(decode_all, edge, cloud, batch=params.sweep.batch, invariant=invariance(params, (edge, cloud)))
 
 
 class Loaded:
     """A Pool-like runner over the models `ensure_models` loaded in this process (`batch` jobs at once
-    with batch > 1)."""
+    through the batching executor when `lockstep`, as `through_executor` says)."""
 
-    def __init__(self, fn=None, batch: int = 1):
+    def __init__(self, fn=None, batch: int = 1, lockstep: bool | None = None):
         self.fn = fn or caption_one
         self.batch = batch
+        self.lockstep = batch > 1 if lockstep is None else lockstep
 
     @classmethod
     def as_loaded(cls, fn=None) -> Loaded:
         """Over this process's models, `sweep.batch` jobs at once as the params they were loaded
         with say (a Dask worker's: flows.cluster)."""
-        return cls(fn, worker().params.sweep.batch)
+        params = worker().params
+        return cls(fn, params.sweep.batch, through_executor(params))
 
     def imap(self, jobs):
-        if self.batch <= 1:
+        if not self.lockstep:
             return map(partial(run_one, self.fn), jobs)
         return (out for chunk in chunked(jobs, self.batch) for out in run_chunk(self.fn, self.batch, chunk))
 
@@ -206,14 +231,16 @@ def job_name(job: tuple) -> str:
 class Pool:
     """Worker processes holding the models; `workers=0` runs in this process (tests, debugging).
     `fn` is the job function (module-level, `fn(worker, job)`); with
-    `batch` > 1 each worker runs `batch` jobs at once (run_chunk). A worker that dies raises
-    `WorkerDied` from `imap` (speccap.fanout): the records written so far stay."""
+    `lockstep` (default: `batch` > 1) each worker runs `batch` jobs at once through its batching
+    executor (run_chunk). A worker that dies raises `WorkerDied` from `imap` (speccap.fanout): the
+    records written so far stay."""
 
     def __init__(self, params_path: str | None, workers: int, threads: int, fn=None, stage: str = "decode",
-                 batch: int = 1):
+                 batch: int = 1, lockstep: bool | None = None):
         self.workers, self.batch = workers, batch
+        self.lockstep = batch > 1 if lockstep is None else lockstep
         self.fn = fn or caption_one
-        job = partial(run_one, self.fn) if batch <= 1 else partial(run_chunk, self.fn, batch)
+        job = partial(run_chunk, self.fn, batch) if self.lockstep else partial(run_one, self.fn)
         self.pool = WorkerPool(job, workers, stage=stage, initializer=_init_worker, initargs=(params_path, threads))
 
     @classmethod
@@ -222,10 +249,11 @@ class Pool:
         """A stage's pool as params set it: `sweep.workers` processes (or `workers`) of
         `sweep.threads` threads, each running `sweep.batch` captions at once."""
         sw = params.sweep
-        return cls(params_path, sw.workers if workers is None else workers, sw.threads, fn, stage, sw.batch)
+        return cls(params_path, sw.workers if workers is None else workers, sw.threads, fn, stage, sw.batch,
+                   through_executor(params))
 
     def imap(self, jobs):
-        if self.batch <= 1:
+        if not self.lockstep:
             return self.pool.imap_unordered(jobs, key=job_name)
         done = self.pool.imap_unordered(chunked(jobs, self.batch), key=chunk_name)
         return (out for outs in done for out in outs)
