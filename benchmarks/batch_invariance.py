@@ -96,6 +96,10 @@ def markdown(r: dict) -> str:
                   "and each clip is prefilled alone. Against the single executor a caption may still differ "
                   "(its shapes are the setting's, not a single sequence's); what the setting holds is that a "
                   "caption does not depend on the batch it was decoded in."]
+    if not r["eager"]["captions_differ"]:
+        lines += ["", "No caption decoded in a batch differed from the same clip decoded alone here, so on this "
+                      "machine the setting only costs; what it buys shows where batched steps round differently "
+                      "(a GPU: benchmarks/device_check.py)."]
     differ = [(label, d) for key, label in (("eager", "batched / single"), ("invariant", "invariant"))
               for d in r[key]["differences"]]
     if differ:
