@@ -60,11 +60,12 @@ def _pool_seconds(batch: int) -> dict:
     return out
 
 
-def _decode(params_file: Path, batch: int, threads: int, configs, clips) -> tuple[dict, float, float, dict | None]:
-    """Every configuration on its language's clips through the stage's worker job; returns the
-    records by (configuration, clip), this process's CPU seconds, the wall seconds and (batched) the
-    wall seconds inside the executor's forwards and prefills."""
-    pool = Pool(str(params_file), workers=0, threads=threads, batch=batch)
+def _decode(params_file: Path, batch: int, threads: int, configs, clips, lockstep: bool | None = None
+            ) -> tuple[dict, float, float, dict | None]:
+    """Every configuration on its language's clips through the stage's worker job (`lockstep` as
+    Pool's); returns the records by (configuration, clip), this process's CPU seconds, the wall
+    seconds and (batched) the wall seconds inside the executor's forwards and prefills."""
+    pool = Pool(str(params_file), workers=0, threads=threads, batch=batch, lockstep=lockstep)
     records, cpu, wall = {}, 0.0, 0.0
     for cfg in tqdm(configs, desc=f"batch {batch}", unit="config", leave=False):
         jobs = [(cfg.to_dict(), c["id"]) for c in clips[cfg.language]]

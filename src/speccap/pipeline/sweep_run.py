@@ -128,12 +128,17 @@ def run_sweep(params: Params, params_path: str | None, stage: str, configs: list
     finally:
         if pool is not None:
             pool.close()
+    prune_logs(Path(runs_dir), {f"{k}.jsonl" for k in keys.values()} | set(keep_also))
+    return _closed(summary, tracker, mon, hooks)
+
+
+def _closed(summary: dict, tracker: Tracker, mon: ResourceMonitor, hooks: SweepHooks) -> dict:
+    """The sweep's summary, once its stage's GPU figures are logged to its own run and its outcome said."""
     # the device's figures over the whole stage, whichever of its processes used it (none without a GPU)
     if stage_gpu := {f"stage_{k}": v for k, v in mon.gpu_summary().items()}:
         tracker.log_metrics(summary["parent_run_id"], stage_gpu)
-    prune_logs(Path(runs_dir), {f"{k}.jsonl" for k in keys.values()} | set(keep_also))
     failed = [c["name"] for c in summary["configs"] if c["status"] == "FAILED"]
-    hooks.log.info(f"{len(configs) - len(failed)} configurations finished, {len(failed)} failed {failed}")
+    hooks.log.info(f"{len(summary['configs']) - len(failed)} configurations finished, {len(failed)} failed {failed}")
     return summary
 
 
