@@ -146,7 +146,7 @@ def _alone_and_beside_others(lm) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def test_under_batch_invariant_stepping_a_row_gets_the_same_bits_alone_as_beside_others():
     """Without the setting the eager step's logits for the same row differ in the last bits on a CPU
-    too (about 5e-8 on the developers' machine): there the shapes follow the rows asking."""
+    too: there the shapes follow the rows asking."""
     for a, b in _alone_and_beside_others(tiny_lm("qwen2_5_omni")):
         assert torch.equal(a, b)
 
