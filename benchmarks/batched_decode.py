@@ -68,7 +68,7 @@ def _decode(params_file: Path, batch: int, threads: int, configs, clips, lockste
     pool = Pool(str(params_file), workers=0, threads=threads, batch=batch, lockstep=lockstep)
     records, cpu, wall = {}, 0.0, 0.0
     for cfg in tqdm(configs, desc=f"batch {batch}", unit="config", leave=False):
-        jobs = [(cfg.to_dict(), c["id"]) for c in clips[cfg.language]]
+        jobs = [(cfg, c["id"]) for c in clips[cfg.language]]
         c0, w0 = time.process_time(), time.perf_counter()
         made = list(pool.imap(jobs))
         cpu += time.process_time() - c0

@@ -46,7 +46,7 @@ from speccap.gating.wisv import head_dataset  # noqa: E402
 from speccap.metrics.bootstrap import difference, gap_closed, interval  # noqa: E402
 from speccap.pipeline.gates import main_gate, roc_auc  # noqa: E402
 from speccap.pipeline.saved import head_path  # noqa: E402
-from speccap.pipeline.sweep import RunConfig, eval_clips, run_config  # noqa: E402
+from speccap.pipeline.sweep import RunConfig, eval_clips, run_config, ugsd_config  # noqa: E402
 from speccap.pipeline.verify_rank import default_rank, rule_fields  # noqa: E402
 from speccap.pipeline.wisv_head import judged, shadow_traces  # noqa: E402
 from speccap.pipeline.workers import Pool  # noqa: E402
@@ -59,7 +59,8 @@ def side_config(params, gates_json: dict, lang: str, budget: float) -> RunConfig
     name = main_gate(gates_json["chosen"])
     thr = gates_json["gates"][name]["thresholds"][str(budget)][lang]
     rank = gates_json.get("verify_rank", {}).get("chosen", {}).get(lang, default_rank(params))
-    return RunConfig("ugsd", lang, name, float(thr), 0, token=params.gates.verify, **rule_fields(params, rank))
+    return ugsd_config(params, lang, gate=name, threshold=float(thr), block_len=0, token=params.gates.verify,
+                       **rule_fields(params, rank))
 
 
 def side_params(params_file: Path, models_dir: Path, out: Path) -> Path:
@@ -158,7 +159,7 @@ def main() -> None:
                 finally:
                     pool.close()
                 stats[side] = clip_stats(records, clips, lang, f)
-                row["gates"][side] = {"gate": cfg.gate, "threshold": cfg.threshold, "rank": cfg.rank,
+                row["gates"][side] = {"gate": cfg.spec.gate, "threshold": cfg.spec.threshold, "rank": cfg.to_dict()["rank"],
                                       "tokens": float(np.mean([r["tokens"] for r in records])),
                                       "rho": sum(r["transmitted"] for r in records) / max(
                                           sum(r["drafted"] for r in records), 1)}

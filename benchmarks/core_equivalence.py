@@ -59,7 +59,7 @@ def dump(n_clips: int, out: str, params_path: str | None = None) -> None:
     from speccap.decoding.engine import cloud_only, edge_only, speculative
     from speccap.decoding.link import Link
     from speccap.gating.shadow import ShadowSettings, edge_trajectory, shadow_caption
-    from speccap.gating.traces import TraceSettings, trace_caption
+    from speccap.gating.traces import TraceSettings, trace_caption, verifying_every_block
     from speccap.models.generate import generate
     from speccap.pipeline.saved import cached_head, head_path
 
@@ -83,7 +83,7 @@ def dump(n_clips: int, out: str, params_path: str | None = None) -> None:
                                         ShadowSettings(max_new_tokens=40 if i % 2 else 128))
         out_d[f"shadow labels/{tag}"] = (x.tolist(), repr(labels), cap)
         rows, cap = trace_caption(edge, cloud, mel, lang, meta["references"],
-                                  TraceSettings(max_new_tokens=30 if i % 2 else 128))
+                                  TraceSettings(verifying_every_block(max_new_tokens=30 if i % 2 else 128)))
         out_d[f"trace/{tag}"] = (repr(rows), cap)
         for name, spec in specs.items():
             s = build_decoder(spec.replace(cost=cost, seed=i), link=Link(LinkConfig()), vocab=edge.vocab_size)

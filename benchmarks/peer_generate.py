@@ -94,7 +94,7 @@ def run(n_clips: int, batches: list[int], threads: int, repeats: int) -> dict:
     configs = {c.language: c for c in build_configs(params) if c.method == "cloud"}
     clips = [(c["id"], lang, cloud.wire(load_clip_features(params.data.processed_dir, c["id"])[0]))
              for lang in params.data.languages for c in eval_clips(params, lang)[:n_clips]]
-    jobs = [(configs[lang].to_dict(), cid) for cid, lang, _ in clips]
+    jobs = [(configs[lang], cid) for cid, lang, _ in clips]
     rows = []
     for b in batches:
         sides = {"transformers": partial(hf_captions, cloud, clips, b, max_new),

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -9,7 +10,7 @@ from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.stats import cloud_scalars
 from speccap.decoding.verify import Rank
-from speccap.gating.traces import NO_LINK, TraceSettings, quality, trace_caption
+from speccap.gating.traces import NO_LINK, TraceSettings, quality, trace_caption, verifying_every_block
 from speccap.models.generate import continue_greedy
 
 REFS = ["the speaker sounds calm and steady", "a calm steady voice"]
@@ -17,7 +18,7 @@ REFS = ["the speaker sounds calm and steady", "a calm steady voice"]
 
 def test_rows_hold_the_cloud_verdict_and_impact_labels(pair, audio):
     edge, cloud = pair
-    s = TraceSettings(block_len=4, rank=3, critical_margin=0.5, max_new_tokens=20)
+    s = TraceSettings(verifying_every_block(4, 3, 20), critical_margin=0.5)
     rows, caption = trace_caption(edge, cloud, audio[1], "en", REFS, s)
     plain = speculative(edge, cloud, audio[1], "en", SpecSettings(Always(), Rank(3), Fixed(4), max_new_tokens=20),
                         Link(NO_LINK))
@@ -37,7 +38,7 @@ def test_rows_hold_the_cloud_verdict_and_impact_labels(pair, audio):
 
 def test_impact_is_the_quality_the_draft_token_costs(pair, audio):
     edge, cloud = pair
-    s = TraceSettings(block_len=3, rank=2, critical_margin=0.0, max_new_tokens=12)
+    s = TraceSettings(verifying_every_block(3, 2, 12), critical_margin=0.0)
     rows, _ = trace_caption(edge, cloud, audio[1], "en", REFS, s)
     # the first block starts the caption: its prefix is its own tokens before the rejection
     first = [r for r in rows if r["block"] == 0]
@@ -53,10 +54,10 @@ def test_impact_is_the_quality_the_draft_token_costs(pair, audio):
 def test_hidden_traces_keep_both_states_at_judged_mismatches(pair, audio):
     import torch
     edge, cloud = pair
-    plain = TraceSettings(block_len=4, rank=1, critical_margin=0.5, max_new_tokens=20)
+    plain = TraceSettings(verifying_every_block(4, 1, 20), critical_margin=0.5)
     rows, caption = trace_caption(edge, cloud, audio[1], "en", REFS, plain)
     hidden_rows, hidden_caption = trace_caption(edge, cloud, audio[1], "en", REFS,
-                                                TraceSettings(**{**plain.__dict__, "hidden": True}))
+                                                dataclasses.replace(plain, hidden=True))
     assert hidden_caption == caption and all("h_edge" not in x for x in rows)  # keeping states changes nothing else
     with_states = [r for r in hidden_rows if "h_edge" in r]
     judged = [r for r in hidden_rows if r["first_reject"] and r["token"] != edge.eos_token_id
@@ -74,3 +75,11 @@ def test_hidden_traces_keep_both_states_at_judged_mismatches(pair, audio):
         logits = sess.extend(ids[:r["pos"]]).logits[-1] if r["pos"] else sess.prefill_logits
         np.testing.assert_allclose(r["c_scalars"], cloud_scalars(logits, r["token"]), rtol=1e-3, atol=1e-3)
         assert r["c_scalars"][3] == pytest.approx(np.log(r["cloud_rank"]))
+
+
+def test_a_trace_runs_only_a_decoder_that_verifies_every_block(pair, audio):
+    edge, cloud = pair
+    for other in (dict(gate="entropy", threshold=1.0), dict(rule="greedy"), dict(block_len=0)):
+        settings = TraceSettings(verifying_every_block(4, 2, 20).replace(**other))
+        with pytest.raises(ValueError, match="a trace verifies every fixed-length block by the rank rule"):
+            trace_caption(edge, cloud, audio[1], "en", REFS, settings)

@@ -21,14 +21,14 @@ def test_configs_hold_the_oracle_both_entropy_levels_the_chosen_gates_and_the_ot
     en = [c for c in configs if c.language == "en"]
     assert [c.method for c in en[:2]] == ["edge", "cloud"]
     oracle = [c for c in en if tags.get(c, {}).get("gate_name") == ORACLE]
-    assert len(oracle) == 1 and oracle[0].gate == "always" and oracle[0].token == "alone"
+    assert len(oracle) == 1 and oracle[0].spec.gate == "always" and oracle[0].spec.token == "alone"
     names = {(tags[c]["gate_name"], tags[c]["budget"]) for c in en if c in tags and tags[c]["gate_name"] != ORACLE}
     for b in (0.05, 0.1):
         assert {("entropy", b), ("entropy-block", b), ("tok-lightgbm-critical", b), ("tok-mlp-mismatch", b)} <= names
     pending = [c for c in en if c in tags and tags[c]["gate_name"].endswith("(pending)")]
-    assert len(pending) == 1 and pending[0].token == "pending" and pending[0].threshold == 0.7
+    assert len(pending) == 1 and pending[0].spec.token == "pending" and pending[0].spec.threshold == 0.7
     block = [c for c in en if c in tags and tags[c]["gate_name"] == "entropy-block"]
-    assert all(c.token is None and c.block_len == p.gates.traces.block_len for c in block)
+    assert all(c.spec.token is None and c.spec.block_len == p.gates.traces.block_len for c in block)
     assert len({c.name for c in configs}) == len(configs)  # every run has its own name (and records)
 
 
@@ -39,29 +39,29 @@ def test_the_entropy_rows_run_at_the_temperature_tuned_for_their_budget_and_lang
     tuned["gates"]["entropy"]["untuned_thresholds"] = {"0.05": {"en": 1.5, "zh": 0.8}, "0.1": {"en": 1.2, "zh": 0.6}}
     configs, tags = gate_configs(p, tuned)
     ent = {(c.language, tags[c]["budget"]): c for c in configs if c in tags and tags[c]["gate_name"] == "entropy"}
-    assert ent["en", 0.05].gate_temperature == 0.5 and ent["en", 0.1].gate_temperature == 2.0
+    assert ent["en", 0.05].spec.gate_temperature == 0.5 and ent["en", 0.1].spec.gate_temperature == 2.0
     # where tuning moved the temperature, the untuned rule runs beside it at its own threshold
     raw = {(c.language, tags[c]["budget"]): c for c in configs if c in tags and tags[c]["gate_name"] == "entropy (T = 1)"}
     assert set(raw) == {("en", 0.05), ("en", 0.1)}
-    assert (raw["en", 0.05].gate_temperature, raw["en", 0.05].threshold) == (None, 1.5)
+    assert (raw["en", 0.05].spec.gate_temperature, raw["en", 0.05].spec.threshold) == (None, 1.5)
     plain, plain_tags = gate_configs(p, _gates_json())  # temperature 1: the untuned rows, records and all
     assert {c for c in plain if plain_tags.get(c, {}).get("gate_name") == "entropy" and c.language == "zh"} \
         == {ent["zh", 0.05], ent["zh", 0.1]}
     block = [c for c in configs if c in tags and tags[c]["gate_name"] == "entropy-block"]
-    assert all(c.gate_temperature is None for c in block)  # UGSD's block gate stays as published
+    assert all(c.spec.gate_temperature is None for c in block)  # UGSD's block gate stays as published
 
 
 def test_token_rows_judge_flagged_tokens_by_the_rank_chosen_per_language():
     p = params_from_dict({"decode": {"rule": "rank", "rank": 2}, "gates": {"budgets": [0.1], "promote_budget": 0.1}})
     plain, _ = gate_configs(p, _gates_json())
     configs, tags = gate_configs(p, _gates_json() | {"verify_rank": {"chosen": {"en": 1, "zh": 2}}})
-    token = {lang: [c for c in configs if c.language == lang and c.token is not None] for lang in ("en", "zh")}
-    assert token["en"] and all((c.rule, c.rank) == ("rank", 1) for c in token["en"])  # oracle included
+    token = {lang: [c for c in configs if c.language == lang and c.spec and c.spec.token is not None] for lang in ("en", "zh")}
+    assert token["en"] and all((c.spec.rule, c.spec.rank) == ("rank", 1) for c in token["en"])  # oracle included
     assert any(tags[c]["gate_name"] == ORACLE for c in token["en"])
     # zh keeps decode's R: the very configurations (and records) of the evaluation without a choice
-    assert token["zh"] == [c for c in plain if c.language == "zh" and c.token is not None]
+    assert token["zh"] == [c for c in plain if c.language == "zh" and c.spec and c.spec.token is not None]
     block = [c for c in configs if c in tags and tags[c]["gate_name"] == "entropy-block"]
-    assert block and all((c.rule, c.rank) == ("rank", 2) for c in block)  # UGSD's block gate: decode's rule
+    assert block and all((c.spec.rule, c.spec.rank) == ("rank", 2) for c in block)  # UGSD's block gate: decode's rule
 
 
 def test_decode_references_are_reused_only_for_the_same_clips(tmp_path):
@@ -139,8 +139,8 @@ def test_the_oracles_at_a_budget_are_configured_and_a_gate_is_held_against_the_l
     from speccap.pipeline.gate_report import oracle_at
     p = params_from_dict({"gates": {"budgets": [0.1], "promote_budget": 0.1, "oracle_corrections": [1, 3]}})
     configs, tags = gate_configs(p, _gates_json())
-    capped = [c for c in configs if c.language == "en" and c.corrections is not None]
-    assert [(c.gate, c.token, c.corrections) for c in capped] == [("always", "alone", 1), ("always", "alone", 3)]
+    capped = [c for c in configs if c.language == "en" and c.spec and c.spec.corrections is not None]
+    assert [(c.spec.gate, c.spec.token, c.spec.corrections) for c in capped] == [("always", "alone", 1), ("always", "alone", 3)]
     assert [tags[c]["gate_name"] for c in capped] == [oracle_name(1), oracle_name(3)]
     assert all(is_oracle(tags[c]["gate_name"]) for c in capped) and not is_oracle("tok-lightgbm-critical")
     assert len({c.name for c in configs}) == len(configs) and "first3" in capped[1].name
@@ -228,4 +228,4 @@ def test_cross_fitting_leaves_out_the_untuned_entropy_row_that_only_some_folds_w
             folds.setdefault((tags[c]["gate_name"], tags[c]["budget"], c.language), set()).add(tags[c]["fold"])
     assert folds and all(f == {0, 1, 2} for f in folds.values())  # every gated row in every fold
     tuned = [c for c in configs if c in tags and tags[c]["gate_name"] == "entropy" and tags[c].get("fold") == 0]
-    assert tuned and all(c.gate_temperature == 0.5 for c in tuned)
+    assert tuned and all(c.spec.gate_temperature == 0.5 for c in tuned)

@@ -6,7 +6,15 @@ import pytest
 from speccap.batching.step_graphs import MAX_TOKENS
 from speccap.config import load_params, params_from_dict
 from speccap.pipeline import workers
-from speccap.pipeline.sweep import RunConfig, build_configs, config_key, eval_clips, run_config, summarize
+from speccap.pipeline.sweep import (
+    RunConfig,
+    build_configs,
+    config_key,
+    eval_clips,
+    run_config,
+    summarize,
+    ugsd_config,
+)
 from speccap.pipeline.workers import Pool
 
 
@@ -57,7 +65,7 @@ def test_pipelined_configs_sit_next_to_the_blocking_one():
 
 def test_config_key_changes_with_what_the_records_depend_on():
     p = params_from_dict({})
-    c = RunConfig("ugsd", "en", "entropy", 1.0, 5, "rank", 2)
+    c = ugsd_config(p, "en", gate="entropy", threshold=1.0, block_len=5, rule="rank", rank=2)
     k = config_key(c, p, "fp", ["a", "b"])
     assert k != config_key(c, p, "fp2", ["a", "b"]) != config_key(c, p, "fp", ["a"])
     assert k != config_key(c, params_from_dict({"link": {"rtt_ms": 5.0}}), "fp", ["a", "b"])
@@ -80,7 +88,7 @@ def test_records_are_written_as_they_come_and_a_rerun_resumes(tiny_project, tmp_
     params, _, params_file = tiny_project
     pool = Pool(str(params_file), workers=0, threads=1)
     clips = eval_clips(params, "en")
-    cfg = RunConfig("ugsd", "en", "entropy", 3.0, 2, "rank", 2)
+    cfg = ugsd_config(params, "en", gate="entropy", threshold=3.0, block_len=2, rule="rank", rank=2)
     path = tmp_path / "cfg.jsonl"
     calls = []
     records = run_config(cfg, clips, pool, path, progress=lambda: calls.append(1))
@@ -94,6 +102,24 @@ def test_records_are_written_as_they_come_and_a_rerun_resumes(tiny_project, tmp_
     for key in ("bleu1", "meteor", "rouge_l", "rho", "aal", "total_time", "ttft", "otps", "bytes_up", "cpu_percent"):
         assert key in s
     assert 0 <= s["rho"] <= 1 and isinstance(s["position_acceptance"], list)
+
+
+def test_a_job_carries_its_decoder_and_the_worker_runs_it_as_built(tiny_project, tmp_path):
+    params, _, params_file = tiny_project
+    pool = Pool(str(params_file), workers=0, threads=1)
+    clips = eval_clips(params, "en")[:2]
+    every = dict(gate="always", threshold=None, block_len=2, rule="greedy")
+    full = run_config(ugsd_config(params, "en", **every), clips, pool, tmp_path / "full.jsonl")
+    assert max(r["tokens"] for r in full) > 3
+    # a spec the worker's params do not describe (3 new tokens): the worker runs it, not its params
+    short = run_config(ugsd_config(params, "en", **every, max_new_tokens=3), clips, pool, tmp_path / "short.jsonl")
+    assert all("error" not in r and r["tokens"] <= 3 for r in short), short
+    with pytest.raises(ValueError, match="UGSD runs a decoder spec"):
+        RunConfig("ugsd", "en")
+    with pytest.raises(ValueError, match="edge- and cloud-only run none"):
+        RunConfig("edge", "en", ugsd_config(params, "en", **every).spec)
+    with pytest.raises(ValueError, match="unknown method 'both'"):
+        RunConfig("both", "en")
 
 
 def test_failed_captions_fail_the_configuration_with_the_reason(tiny_project, tmp_path):
@@ -110,17 +136,16 @@ def test_failed_captions_fail_the_configuration_with_the_reason(tiny_project, tm
 
 def test_qs_configurations_sit_next_to_dense_speculative_sampling_and_old_keys_stay():
     p = params_from_dict({"sweep": {"qs_levels": [4, 0], "qs_temperature": 0.8}, "decode": {"block_len": 5}})
-    sampled = [c for c in build_configs(p) if c.language == "en" and c.temperature is not None]
+    sampled = [c for c in build_configs(p) if c.language == "en" and "temperature" in c.to_dict()]
     assert [c.name for c in sampled] == ["ugsd-en-always-L5-spec_sampling-T0.8", "ugsd-en-always-L5-qs4-T0.8",
                                          "ugsd-en-always-Lqsadapt-qs-T0.8"]
     # configurations without the new fields hash as before (their records stay valid)
-    old = RunConfig("ugsd", "en", "entropy", 1.0, 5, "rank", 2)
+    old = ugsd_config(p, "en", gate="entropy", threshold=1.0, block_len=5, rule="rank", rank=2)
     assert set(old.to_dict()) == {"method", "language", "gate", "threshold", "block_len", "rule", "rank", "in_flight"}
     # the entropy gate at a tuned temperature: its own name and key, the untuned one's unchanged
-    tuned = dataclasses.replace(old, gate_temperature=0.5)
+    tuned = old.with_spec(gate_temperature=0.5)
     assert tuned.name == "ugsd-en-entropy1@T0.5-L5-rank2" and tuned.to_dict()["gate_temperature"] == 0.5
-    assert workers.decode_spec(tuned, p).gate_temperature == 0.5
-    assert workers.decode_spec(old, p).gate_temperature is None
+    assert config_key(tuned, p, "fp", ["a"]) != config_key(old, p, "fp", ["a"])
     with pytest.raises(Exception, match="qs_temperature"):
         params_from_dict({"sweep": {"qs_levels": [4], "qs_temperature": 0.0}})
 
@@ -130,7 +155,8 @@ def test_qs_adaptive_configuration_runs_in_a_worker(tiny_project, tmp_path):
     pool = Pool(str(params_file), workers=0, threads=1)
     clips = eval_clips(params, "en")[:2]
     for level in (4, 0):
-        cfg = RunConfig("ugsd", "en", "always", None, 3, "qs", temperature=1.0, level=level)
+        lattice = {"qs_adaptive": True} if level == 0 else {"qs_level": level}
+        cfg = ugsd_config(params, "en", gate="always", threshold=None, block_len=3, rule="qs", temperature=1.0, **lattice)
         records = run_config(cfg, clips, pool, tmp_path / f"qs{level}.jsonl")
         assert all("error" not in r for r in records), records
         s = summarize(cfg, records, clips)
@@ -146,15 +172,16 @@ def test_wisv_configurations_run_on_their_channel_and_old_keys_stay():
     assert names == ["ugsd-en-always-L4-greedy@markov", "ugsd-en-always-L4-rank2@markov",
                      "ugsd-en-always-L4-rank3@markov", "ugsd-en-always-L4-wisv@markov"]
     assert len(configs) == 2 + 4 * 5
-    wisv = next(c for c in configs if c.rule == "wisv" and c.channel == "up20-rtt5")
+    wisv = next(c for c in configs if c.spec and c.spec.rule == "wisv" and c.channel == "up20-rtt5")
     assert link_config(p, wisv).rtt_ms == 5.0 and link_config(p, RunConfig("edge", "en")) == p.link
     # the channel is part of the key; a configuration without one hashes as before
     keys = {config_key(c, p, "fp", ["a"]) for c in configs}
     assert len(keys) == len(configs)
-    plain = RunConfig("ugsd", "en", "always", None, 4, "greedy")
+    every = dict(gate="always", threshold=None, block_len=4, rule="greedy")
+    plain = ugsd_config(p, "en", **every)
     assert "channel" not in plain.to_dict() and "tau" not in plain.to_dict()
     with pytest.raises(ValueError, match="no channel 'lunar'"):
-        link_config(p, RunConfig("ugsd", "en", "always", None, 4, "greedy", channel="lunar"))
+        link_config(p, ugsd_config(p, "en", "lunar", **every))
 
 
 def test_channel_free_configurations_relink_from_the_first_channel():
@@ -166,20 +193,22 @@ def test_channel_free_configurations_relink_from_the_first_channel():
     sources = {c: relink_source(c, p) for c in configs}
     # greedy and rank off the first channel relink from it; WISV reads the channel and decodes everywhere
     assert {c.name for c, s in sources.items() if s is not None} == {
-        c.name for c in configs if c.rule in ("greedy", "rank") and c.channel != first}
+        c.name for c in configs if c.spec and c.spec.rule in ("greedy", "rank") and c.channel != first}
     assert all(s == dataclasses.replace(c, channel=first) for c, s in sources.items() if s is not None)
     # the pipelined loop, a window the policy picks, or no named channel: decoded as before
-    for cfg in (RunConfig("ugsd", "en", "always", None, 4, "greedy", in_flight=2, channel="markov"),
-                RunConfig("ugsd", "en", "always", None, 0, "greedy", channel="markov"),
-                RunConfig("ugsd", "en", "always", None, 4, "greedy")):
+    every = dict(gate="always", threshold=None, rule="greedy")
+    for cfg in (ugsd_config(p, "en", "markov", **every, block_len=4, in_flight=2),
+                ugsd_config(p, "en", "markov", **every, block_len=0),
+                ugsd_config(p, "en", **every, block_len=4)):
         assert not relinkable(cfg) and relink_source(cfg, p) is None
 
 
 def test_relinking_needs_the_source_records(tiny_project, tmp_path):
     from speccap.pipeline.sweep import relinked
     from speccap.pipeline.workers import Loaded
-    cfg = RunConfig("ugsd", "en", "always", None, 4, "greedy", channel="markov")
-    link = params_from_dict({}).wisv.channels["markov"]
+    p = params_from_dict({})
+    cfg = ugsd_config(p, "en", "markov", gate="always", threshold=None, block_len=4, rule="greedy")
+    link = p.wisv.channels["markov"]
     with pytest.raises(RuntimeError, match="lacks 2 of its captions.*run that configuration first"):
         run_config(cfg, [{"id": "a"}, {"id": "b"}], Loaded(), tmp_path / "m.jsonl",
                    relink_from=(tmp_path / "absent.jsonl", link, 0))
@@ -191,7 +220,7 @@ class _Reversed:
 
     def imap(self, jobs):
         for cfg, clip_id in reversed(list(jobs)):
-            yield {"id": clip_id, "caption": f"caption of {clip_id}", "method": cfg["method"]}
+            yield {"id": clip_id, "caption": f"caption of {clip_id}", "method": cfg.method}
 
 
 def test_a_finished_log_holds_its_clips_in_their_order_whatever_order_the_workers_finished_in(tmp_path):
@@ -232,7 +261,7 @@ def test_a_dying_sweep_worker_stops_the_configuration_and_keeps_its_records(tiny
     assert len(clips) == 9
     monkeypatch.setenv("SPECCAP_TEST_DIE_ON", clips[5]["id"])
     monkeypatch.setenv("SPECCAP_TEST_SIGNAL", sig)
-    cfg = RunConfig("ugsd", "en", "entropy", 3.0, 2, "rank", 2)
+    cfg = ugsd_config(params, "en", gate="entropy", threshold=3.0, block_len=2, rule="rank", rank=2)
     path = tmp_path / "cfg.jsonl"
     pool = Pool(str(params_file), workers=2, threads=1, fn=_dies_on_one_clip, stage="decode")
     t0 = time.monotonic()
@@ -268,10 +297,11 @@ def test_a_batched_worker_writes_the_records_of_a_single_one(tiny_project, tmp_p
         raw["sweep"]["batch"], raw["sweep"]["invariant_rows"] = batch, rows
         path = tmp_path / f"params{batch}-{rows}.yaml"
         path.write_text(yaml.safe_dump(raw))
-        pool = Pool.for_stage(load_params(str(path)), str(path), "decode")
+        stage = load_params(str(path))
+        pool = Pool.for_stage(stage, str(path), "decode")
         assert pool.lockstep == (batch > 1 or rows > 0)
-        for cfg in (RunConfig("edge", "en"), RunConfig("ugsd", "en", "entropy", 1.0, 2, "rank", 2),
-                    RunConfig("ugsd", "en", "entropy", 1.0, 2, "rank", 2, in_flight=2)):
+        ugsd = dict(gate="entropy", threshold=1.0, block_len=2, rule="rank", rank=2)
+        for cfg in (RunConfig("edge", "en"), ugsd_config(stage, "en", **ugsd), ugsd_config(stage, "en", **ugsd, in_flight=2)):
             made = run_config(cfg, eval_clips(params, "en"), pool, tmp_path / f"{batch}-{rows}-{cfg.name}.jsonl")
             records[batch, rows, cfg.name] = [{k: v for k, v in r.items() if k not in
                                                ("wall_time", "model_time", "cpu_percent", "ram_gb")} for r in made]

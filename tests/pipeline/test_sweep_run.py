@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from speccap.pipeline.sweep import RunConfig, eval_clips
+from speccap.pipeline.sweep import RunConfig, eval_clips, ugsd_config
 from speccap.pipeline.sweep_run import SweepHooks, run_sweep
 from speccap.tracking import Tracker
 
@@ -22,7 +22,7 @@ def sweep_params(tiny_project, tmp_path):
 
 def test_each_configuration_is_a_run_a_failure_is_kept_and_a_rerun_redoes_only_it(sweep_params, tmp_path):
     params, params_file = sweep_params
-    good, bad = RunConfig("edge", "en"), RunConfig("ugsd", "en", "no-such-gate", 0.5, 2)
+    good, bad = RunConfig("edge", "en"), ugsd_config(params, "en", gate="no-such-gate", threshold=0.5, block_len=2)
     wrapped = []
 
     def task(fn):  # what a flow's Prefect task does: wraps the captioning of each configuration

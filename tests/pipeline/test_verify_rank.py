@@ -42,8 +42,8 @@ def test_candidates_and_configs_follow_decode_s_rule():
     p = params_from_dict({"decode": {"rule": "rank", "rank": 2}, "gates": {"verify_ranks": [1, 2, 3]}})
     assert default_rank(p) == 2 and candidate_ranks(p) == [2, 1, 3]
     at_default = rank_config(p, "en", "tok-x", 0.5, 2)
-    assert (at_default.rule, at_default.rank, at_default.token) == ("rank", 2, "alone")
-    assert (rank_config(p, "en", "tok-x", 0.5, 1).rule, rank_config(p, "en", "tok-x", 0.5, 1).rank) == ("rank", 1)
+    assert (at_default.spec.rule, at_default.spec.rank, at_default.spec.token) == ("rank", 2, "alone")
+    assert (rank_config(p, "en", "tok-x", 0.5, 1).spec.rule, rank_config(p, "en", "tok-x", 0.5, 1).spec.rank) == ("rank", 1)
     greedy = params_from_dict({"decode": {"rule": "greedy"}})
     assert default_rank(greedy) == 1 and candidate_ranks(greedy) == [1]
 

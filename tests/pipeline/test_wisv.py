@@ -64,7 +64,7 @@ def test_report_compares_each_rule_with_greedy_on_its_channel_and_window(tmp_pat
     configs = []
     for cfg in wisv_configs(params):
         m = dict(base)
-        if cfg.rule == "wisv":
+        if cfg.to_dict()["rule"] == "wisv":
             m.update(aal=3.0, rounds=8.0, total_time=0.8, bleu1=57.0, tolerated=2.0)
         configs.append({"status": "FINISHED", "metrics": m, **cfg.to_dict()})
     r = build_wisv_report(params, {"configs": configs}, {"val_auc": 0.8, "tau": 0.5}, tmp_path)
@@ -111,7 +111,8 @@ def test_report_intervals_come_from_the_clips(tmp_path):
         m = {"bleu1": 50.0, "meteor": 50.0, "rouge_l": 50.0, "tokens": 30.0, "total_time": 1.0, "accepted": 20.0,
              "corrected": 5.0, "rounds": 10.0, "aal": 2.0, "bleu1_ci_low": 48.0, "bleu1_ci_high": 52.0}
         # WISV clearly worse than greedy on every clip; rank-R accepts more as R grows and loses more
-        label = f"rank{cfg.rank}" if cfg.rule == "rank" else cfg.rule
+        row = cfg.to_dict()
+        label = f"rank{row['rank']}" if row["rule"] == "rank" else row["rule"]
         stats = clip_stats({"wisv": -2.0, "rank2": -6.0, "rank3": -9.0}.get(label, 0.0))
         m = dict(m, aal={"greedy": 2.0, "wisv": 2.5, "rank2": 3.0, "rank3": 4.0}.get(label, 2.0))
         configs.append({"status": "FINISHED", "metrics": m, "clip_stats": stats, **cfg.to_dict()})

@@ -95,6 +95,8 @@ def _unused(rule: str, block_len: int, in_flight: int, qs_adaptive: bool, token_
     """The spec's fields the decoder it describes never looks at (build_decoder's own conditions):
     they keep their defaults instead of being read from params."""
     unused = set()
+    if rule != "rank":
+        unused.add("rank")
     if block_len != 0 or token_level:  # a token gate drafts until it flags a token: no draft length
         unused.add("adaptive")
     if rule not in ("qs", "sq"):

@@ -54,6 +54,20 @@ class CostModel:
         # again, and a dot product's setup costs more than the lookup
         self._charged: dict[Work, float] = {}
 
+    # two models with the same coefficients are one (a decoder spec holding either is the same spec);
+    # unpickled in a worker, a model is that process's shared one, its charges cached there
+    def _key(self) -> tuple:
+        return tuple((role, tuple(c["prefill"]), tuple(c["extend"])) for role, c in sorted(self.coef.items()))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, CostModel) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __reduce__(self):
+        return _shared, (CostModel, self._key())
+
     def seconds(self, w: Work) -> float:
         s = self._charged.get(w)
         if s is None:

@@ -31,12 +31,17 @@ from .features import FEATURES, block_features
 NO_LINK = LinkConfig(name="none", uplink_mbps=1e6, downlink_mbps=1e6, rtt_ms=0.0, overhead_bytes=0)
 
 
+def verifying_every_block(block_len: int = 5, rank: int = 2, max_new_tokens: int = 128) -> DecodeSpec:
+    """The decoder a trace runs: every block of `block_len` drafted tokens verified by the rank-`rank`
+    rule (R: a mismatch is a token that rule would replace)."""
+    return DecodeSpec(gate="always", threshold=None, rule="rank", rank=rank, block_len=block_len,
+                      max_new_tokens=max_new_tokens)
+
+
 @dataclass(frozen=True)
 class TraceSettings:
-    block_len: int = 5
-    rank: int = 2  # R: a mismatch is a token the rank rule would replace
+    decoder: DecodeSpec = verifying_every_block()
     critical_margin: float = 1.0  # quality points (x100) the draft token must cost to be critical
-    max_new_tokens: int = 128
     # keep the edge's and the cloud's last-layer hidden state at each judged mismatch (WISV's head
     # reads them); rank 1 then makes every mismatch a greedy-verification one, as WISV localizes them
     hidden: bool = False
@@ -59,6 +64,10 @@ def quality(caption: str, references: list[str], language: str) -> float:
 def trace_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str, references: list[str],
                   settings: TraceSettings) -> tuple[list[dict], str]:
     """The trace rows of one clip and the caption the loop produced."""
+    decoder = settings.decoder
+    if decoder.gate != "always" or decoder.rule != "rank" or not decoder.block_len:
+        raise ValueError(f"a trace verifies every fixed-length block by the rank rule (verifying_every_block), not "
+                         f"gate {decoder.gate!r}, rule {decoder.rule!r}, L = {decoder.block_len}")
     rows: list[dict] = []
     blocks = []
 
@@ -72,7 +81,7 @@ def trace_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str,
             row = dict(zip(FEATURES, (float(x) for x in feats[i])))
             row.update(block=b, i=i, pos=block.start + i, token=tok, cloud_rank=rank,
                        cloud_argmax=int(cloud_rows[i].argmax()),
-                       mismatch=rank > settings.rank, after_reject=first_reject is not None and i > first_reject,
+                       mismatch=rank > decoder.rank, after_reject=first_reject is not None and i > first_reject,
                        first_reject=first_reject == i, impact=np.nan, critical=np.nan)
             # WISV's head judges a token's content, not where the caption ends: none for end-of-caption mismatches
             if settings.hidden and first_reject == i and block.hidden[i] is not None and \
@@ -81,11 +90,9 @@ def trace_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str,
                            c_scalars=cloud_scalars(cloud_rows[i], tok).tolist())
             rows.append(row)
 
-    # every block verified by the rank rule, the observer reading the cloud's view of each
-    spec = DecodeSpec(gate="always", threshold=None, rule="rank", rank=settings.rank, block_len=settings.block_len,
-                      max_new_tokens=settings.max_new_tokens)
-    decoder = build_decoder(spec, observer=observe, trace_hidden=settings.hidden)
-    rec = speculative(edge, cloud, mel, language, decoder, Link(NO_LINK))
+    # every block verified, the observer reading the cloud's view of each
+    rec = speculative(edge, cloud, mel, language, build_decoder(decoder, observer=observe, trace_hidden=settings.hidden),
+                      Link(NO_LINK))
     # impact of each block's first rejected token: finish with the draft token vs the cloud's
     row_at = {(r["block"], r["i"]): r for r in rows}
     for b, (block, committed, first_reject, correction) in enumerate(blocks):
@@ -96,9 +103,9 @@ def trace_caption(edge: AudioLM, cloud: AudioLM, mel: np.ndarray, language: str,
         prefix = committed + block.tokens[:first_reject]
         draft = block.tokens[first_reject]
         keep = [] if draft == edge.eos_token_id else continue_greedy(cloud, mel, language, prefix + [draft],
-                                                            settings.max_new_tokens)
+                                                            decoder.max_new_tokens)
         fix = [] if correction == cloud.eos_token_id else continue_greedy(cloud, mel, language, prefix + [correction],
-                                                                 settings.max_new_tokens)
+                                                                 decoder.max_new_tokens)
         q_keep = quality(cloud.decode(keep or prefix), references, language)
         q_fix = quality(cloud.decode(fix or prefix), references, language)
         r = row_at[(b, first_reject)]

@@ -14,7 +14,6 @@ cloud-only and the oracle do not depend on a gate and run once over all clips.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -82,7 +81,7 @@ def crossfit_configs(params: Params, shipped: dict) -> tuple[list[RunConfig], di
         fold_cfgs, fold_tags = gate_configs(params, fold_gates_json(params, f, shipped))
         for c in fold_cfgs:
             if fold_tags.get(c, {}).get("budget") is not None and fold_tags[c]["gate_name"] not in untuned:
-                cf = dataclasses.replace(c, fold=f)
+                cf = c.with_spec(fold=f)
                 out.append(cf)
                 out_tags[cf] = fold_tags[c] | {"fold": f}
     return out, out_tags
@@ -109,13 +108,14 @@ def pool_folds(summary: dict, configs: list[RunConfig], tags: dict[RunConfig, di
         # one row per gate and budget: the folds' thresholds (and the entropy baseline's tuned
         # temperatures) differ, so the budget tells them apart
         tag = tags[cfg]
-        key = (dataclasses.replace(cfg, fold=None, threshold=None, gate_temperature=None), tag["gate_name"],
+        key = (cfg.with_spec(fold=None, threshold=None, gate_temperature=None), tag["gate_name"],
                tag["budget"])
         groups.setdefault(key, []).append((cfg, row))
     for (pooled, _, budget), members in groups.items():
         tag = {k: v for k, v in tags[members[0][0]].items() if k != "fold"}
-        folds = {cfg.fold: {"config_id": row["config_id"], "threshold": cfg.threshold,
-                            "gate_temperature": cfg.gate_temperature, "clips": row["clips"]} for cfg, row in members}
+        folds = {cfg.fold: {"config_id": row["config_id"], "threshold": cfg.spec.threshold,
+                            "gate_temperature": cfg.spec.gate_temperature, "clips": row["clips"]}
+                 for cfg, row in members}
         head = {"config_id": "+".join(row["config_id"] for _, row in members),
                 "name": f"{pooled.name}-rho{budget:g}-crossfit", **pooled.to_dict(), **tag, "folds": folds}
         failed = [row for _, row in members if row["status"] != "FINISHED"]

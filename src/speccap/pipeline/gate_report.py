@@ -17,7 +17,6 @@ Latency on the papers' hardware: speccap.pipeline.papers_hardware.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from .gates import BLOCK_SUFFIX, entropy_section, main_gate
 from .markdown import md_table
 from .papers_hardware import papers_parts, papers_seconds
 from .quality_table import format_ci, format_share
-from .sweep import RunConfig
+from .sweep import RunConfig, ugsd_config
 from .verify_rank import default_rank, rule_fields
 from .verify_rank import section as verify_rank_section
 
@@ -51,7 +50,7 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
     first `gates.detail_clips` test clips, the rest on all (`gate_clips`)."""
     d = gate_decode(params)
     g = params.gates
-    base = dict(rule=d.rule, rank=d.rank if d.rule == "rank" else 0)
+    base = dict(rule=d.rule, **({"rank": d.rank} if d.rule == "rank" else {}))
     chosen = gates_json["chosen"]
     main = main_gate(chosen) if chosen else None  # the first target's: the one the champion is meant for
     ranks = gates_json.get("verify_rank", {}).get("chosen", {})
@@ -60,31 +59,32 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
         configs += [RunConfig("edge", lang), RunConfig("cloud", lang)]
         # token level: flagged tokens judged by the R chosen on validation (pipeline.verify_rank)
         tok = rule_fields(params, ranks.get(lang, default_rank(params)))
-        oracle = RunConfig("ugsd", lang, "always", None, 0, token=g.verify, **tok)
+        oracle = ugsd_config(params, lang, gate="always", threshold=None, block_len=0, token=g.verify, **tok)
         configs.append(oracle)
         tags[oracle] = {"gate_name": ORACLE, "budget": None, "detail": False}
         for k in g.oracle_corrections:  # the oracle at a budget: the first k tokens the cloud replaces
-            capped = dataclasses.replace(oracle, corrections=k)
+            capped = oracle.with_spec(corrections=k)
             configs.append(capped)
             tags[capped] = {"gate_name": oracle_name(k), "budget": None, "detail": False}
         for b in g.budgets:
             for rule in g.baselines:
                 entry = gates_json["gates"][rule]
                 thr, temp = entry["thresholds"][str(b)][lang], tuned_temperature(entry, b, lang)
-                cfg = RunConfig("ugsd", lang, rule, float(thr), 0, token=g.verify, gate_temperature=temp, **tok)
+                cfg = ugsd_config(params, lang, gate=rule, threshold=float(thr), block_len=0, token=g.verify,
+                                  gate_temperature=temp, **tok)
                 tags[cfg] = {"gate_name": rule, "budget": b, "detail": False}
                 if temp is not None:  # beside it, the untuned rule at its own threshold: what tuning changed
-                    raw = RunConfig("ugsd", lang, rule, float(entry["untuned_thresholds"][str(b)][lang]), 0,
-                                    token=g.verify, **tok)
+                    raw = ugsd_config(params, lang, gate=rule, threshold=float(entry["untuned_thresholds"][str(b)][lang]),
+                                      block_len=0, token=g.verify, **tok)
                     tags[raw] = {"gate_name": untuned_name(rule), "budget": b, "detail": False}
                     configs.append(raw)
                 thr = gates_json["gates"][rule + BLOCK_SUFFIX]["thresholds"][str(b)][lang]
-                block = RunConfig("ugsd", lang, rule, float(thr), d.block_len, **base)
+                block = ugsd_config(params, lang, gate=rule, threshold=float(thr), block_len=d.block_len, **base)
                 tags[block] = {"gate_name": rule + BLOCK_SUFFIX, "budget": b, "detail": True}
                 configs += [cfg, block]
             for name in dict.fromkeys(chosen.values()):
                 thr = gates_json["gates"][name]["thresholds"][str(b)][lang]
-                cfg = RunConfig("ugsd", lang, name, float(thr), 0, token=g.verify, **tok)
+                cfg = ugsd_config(params, lang, gate=name, threshold=float(thr), block_len=0, token=g.verify, **tok)
                 tags[cfg] = {"gate_name": name, "budget": b, "detail": name != main}
                 configs.append(cfg)
         # the other verification variant, for the main gate at the promote budget: what the
@@ -93,7 +93,7 @@ def gate_configs(params: Params, gates_json: dict) -> tuple[list[RunConfig], dic
         name = main
         if name and str(g.promote_budget) in gates_json["gates"][name]["thresholds"]:
             thr = gates_json["gates"][name]["thresholds"][str(g.promote_budget)][lang]
-            cfg = RunConfig("ugsd", lang, name, float(thr), 0, token=other, **tok)
+            cfg = ugsd_config(params, lang, gate=name, threshold=float(thr), block_len=0, token=other, **tok)
             tags[cfg] = {"gate_name": f"{name} ({other})", "budget": g.promote_budget, "detail": True}
             configs.append(cfg)
     return configs, tags

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..config import LinkConfig, Params
 from ..data.manifest import append_jsonl, manifest_path, read_jsonl, read_manifest
+from ..decoding.build import DecodeSpec
 from ..decoding.link import Link
 from ..decoding.relink import relink
 from ..metrics.bootstrap import ClipStats, with_intervals
@@ -33,59 +34,83 @@ METHODS = ("edge", "cloud", "ugsd")
 
 @dataclass(frozen=True)
 class RunConfig:
+    """One configuration of a sweep: a method on one language's clips, over params.link or a named
+    channel, and for UGSD the decoder it runs: a `DecodeSpec` the sweep builds once (`ugsd_config`)
+    and the worker runs unchanged."""
     method: str
     language: str
-    gate: str = "none"
-    threshold: float | None = None
-    block_len: int = 0  # 0 = UGSD adaptive
-    rule: str = "none"
-    rank: int = 0
-    in_flight: int = 0  # 0 = the blocking loop; N = pipelined with N blocks in flight
-    temperature: float | None = None  # sampling temperature (None: decode.temperature)
-    level: int | None = None  # Q-S lattice level (0: the adaptive policy picks L and level per round)
+    spec: DecodeSpec | None = None  # UGSD's decoder; none for edge-only and cloud-only
     channel: str | None = None  # a named link of wisv.channels instead of params.link
-    tau: float | None = None  # WISV: tolerate a mismatch when P(reject) < tau (None: wisv.tau)
-    token: str | None = None  # a token-level gate, verifying the flagged token "alone" or with the "pending" ones
-    corrections: int | None = None  # the oracle at a budget: the first k tokens the cloud replaces (Rank.max_corrections)
-    fold: int | None = None  # cross-fitting: the gate is the one that never saw this fold's clips (pipeline.folds)
-    gate_temperature: float | None = None  # the entropy gate's temperature, tuned on validation (None: 1)
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r} (expected one of {', '.join(METHODS)})")
+        if (self.method == "ugsd") != (self.spec is not None):
+            raise ValueError(f"{self.method}-{self.language}: UGSD runs a decoder spec; edge- and cloud-only run none")
 
     @property
     def name(self) -> str:
-        if self.method != "ugsd":
+        if self.spec is None:
             return f"{self.method}-{self.language}"
-        thr = "" if self.threshold is None else f"{self.threshold:g}"
-        length = "Ladapt" if self.block_len == 0 else f"L{self.block_len}"
-        if self.level == 0:
+        d = self.to_dict()
+        thr = "" if d["threshold"] is None else f"{d['threshold']:g}"
+        length = "Ladapt" if d["block_len"] == 0 else f"L{d['block_len']}"
+        level = d.get("level")
+        if level == 0:
             length = "Lqsadapt"
-        piped = f"-N{self.in_flight}" if self.in_flight else ""
-        rule = {"rank": f"rank{self.rank}", "qs": f"qs{self.level or ''}", "sq": f"sq{self.level or ''}"}.get(
-            self.rule, self.rule)
-        temp = "" if self.temperature is None else f"-T{self.temperature:g}"
-        tau = "" if self.tau is None else f"{self.tau:g}"
+        piped = f"-N{d['in_flight']}" if d["in_flight"] else ""
+        rule = {"rank": f"rank{d['rank']}", "qs": f"qs{level or ''}", "sq": f"sq{level or ''}"}.get(d["rule"], d["rule"])
+        temp = f"-T{d['temperature']:g}" if "temperature" in d else ""
         channel = "" if self.channel is None else f"@{self.channel}"
-        if self.token is not None:
-            length = f"tok{self.token}"
-        first = "" if self.corrections is None else f"-first{self.corrections}"
-        fold = "" if self.fold is None else f"-fold{self.fold}"
-        gate_t = "" if self.gate_temperature is None else f"@T{self.gate_temperature:g}"
-        return (f"ugsd-{self.language}-{self.gate}{thr}{gate_t}-{length}-{rule}{first}{tau}{piped}{temp}{channel}"
-                f"{fold}")
+        if "token" in d:
+            length = f"tok{d['token']}"
+        first = f"-first{d['corrections']}" if "corrections" in d else ""
+        fold = f"-fold{d['fold']}" if "fold" in d else ""
+        gate_t = f"@T{d['gate_temperature']:g}" if "gate_temperature" in d else ""
+        return f"ugsd-{self.language}-{d['gate']}{thr}{gate_t}-{length}-{rule}{first}{piped}{temp}{channel}{fold}"
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        # added later: left out when unused, so older keys stay valid
-        for k in ("temperature", "level", "channel", "tau", "token", "corrections", "fold", "gate_temperature"):
-            if d[k] is None:
-                del d[k]
-        return d
+        """The configuration as a flat row (results, MLflow params and the key of its records): what
+        tells it apart from the others of its sweep; a field that does not apply is left out."""
+        row = dict(method=self.method, language=self.language, gate="none", threshold=None, block_len=0, rule="none",
+                   rank=0, in_flight=0)
+        s = self.spec
+        if s is not None:
+            row.update(gate=s.gate, threshold=s.threshold, block_len=s.block_len, rule=s.rule,
+                       rank=s.rank if s.rule == "rank" else 0, in_flight=s.in_flight)
+        level = None if s is None else 0 if s.qs_adaptive else s.qs_level if s.rule in ("qs", "sq") else None
+        optional = dict(temperature=s.temperature if s is not None and s.temperature else None, level=level,
+                        channel=self.channel, **{k: getattr(s, k, None) for k in ("token", "corrections", "fold",
+                                                                                  "gate_temperature")})
+        return row | {k: v for k, v in optional.items() if v is not None}
+
+    @property
+    def fold(self) -> int | None:
+        """Cross-fitting: the fold whose clips it runs on, with the gate that never saw them."""
+        return None if self.spec is None else self.spec.fold
+
+    def with_spec(self, **changes) -> RunConfig:
+        """This configuration with its decoder changed (`changes`: DecodeSpec fields)."""
+        return dataclasses.replace(self, spec=self.spec.replace(**changes))
+
+
+def ugsd_config(params: Params, language: str, channel: str | None = None, **changes) -> RunConfig:
+    """UGSD on `language`: the decoder params describes with `changes` (DecodeSpec fields) on top, in
+    the blocking loop unless `in_flight` says otherwise."""
+    return RunConfig("ugsd", language, DecodeSpec.from_params(params, **({"in_flight": 0} | changes)), channel)
 
 
 def default_config(params: Params, lang: str) -> RunConfig:
     """UGSD at decode's gate, threshold, L, rule and loop: the one the quality table compares."""
     d = params.decode
-    return RunConfig("ugsd", lang, d.gate, None if d.gate in ("never", "always") else d.threshold, d.block_len,
-                     rule=d.rule, rank=d.rank if d.rule == "rank" else 0, in_flight=d.in_flight)
+    return ugsd_config(params, lang, **_at_default_gate(params), block_len=d.block_len, in_flight=d.in_flight)
+
+
+def _at_default_gate(params: Params) -> dict:
+    """decode's gate, threshold and rule, as DecodeSpec fields."""
+    d = params.decode
+    rank = dict(rank=d.rank) if d.rule == "rank" else {}
+    return dict(gate=d.gate, threshold=None if d.gate in ("never", "always") else d.threshold, rule=d.rule, **rank)
 
 
 def build_configs(params: Params) -> list[RunConfig]:
@@ -100,20 +125,23 @@ def build_configs(params: Params) -> list[RunConfig]:
         if "ugsd" not in sw.methods:
             continue
         seen = {default_config(params, lang)}
-        base = dict(rule=d.rule, rank=d.rank if d.rule == "rank" else 0)
-        default_thr = None if d.gate in ("never", "always") else d.threshold
+        default_gate = _at_default_gate(params)
+        rule = {k: v for k, v in default_gate.items() if k in ("rule", "rank")}
         for length in sw.block_lens:
-            seen.add(RunConfig("ugsd", lang, d.gate, default_thr, length, in_flight=d.in_flight, **base))
+            seen.add(ugsd_config(params, lang, **default_gate, block_len=length, in_flight=d.in_flight))
         for gate, thresholds in sw.gates.items():
             for thr in thresholds:
-                seen.add(RunConfig("ugsd", lang, gate, float(thr), d.block_len, in_flight=d.in_flight, **base))
+                seen.add(ugsd_config(params, lang, gate=gate, threshold=float(thr), **rule, block_len=d.block_len,
+                                     in_flight=d.in_flight))
         for n in (0, *sw.in_flight):
-            seen.add(RunConfig("ugsd", lang, d.gate, default_thr, d.block_len, in_flight=n, **base))
-        configs += sorted(seen, key=lambda c: (c.gate, c.threshold or 0.0, c.block_len or 99, c.in_flight))
+            seen.add(ugsd_config(params, lang, **default_gate, block_len=d.block_len, in_flight=n))
+        configs += sorted(seen, key=lambda c: (c.spec.gate, c.spec.threshold or 0.0, c.spec.block_len or 99,
+                                               c.spec.in_flight))
         if sw.qs_levels:  # every block verified: the rules differ only in what travels and what is accepted
-            t = sw.qs_temperature
-            configs.append(RunConfig("ugsd", lang, "always", None, d.block_len or 5, "spec_sampling", temperature=t))
-            configs += [RunConfig("ugsd", lang, "always", None, d.block_len or 5, "qs", temperature=t, level=lv)
+            every = dict(gate="always", threshold=None, block_len=d.block_len or 5, temperature=sw.qs_temperature)
+            configs.append(ugsd_config(params, lang, **every, rule="spec_sampling"))
+            configs += [ugsd_config(params, lang, **every, rule="qs",
+                                    **({"qs_adaptive": True} if lv == 0 else {"qs_level": lv}))
                         for lv in sw.qs_levels]
     return configs
 
@@ -165,9 +193,9 @@ def link_config(params: Params, cfg: RunConfig):
 def relinkable(cfg: RunConfig) -> bool:
     """Whether a configuration's captions do not depend on its channel (decoding.relink): a named
     channel, the blocking loop with a fixed window, the greedy or rank rule, a block-level gate."""
-    return (cfg.method == "ugsd" and cfg.channel is not None and cfg.rule in ("greedy", "rank")
-            and cfg.block_len > 0 and cfg.in_flight == 0 and cfg.level is None and cfg.token is None
-            and cfg.corrections is None)
+    s = cfg.spec
+    return (s is not None and cfg.channel is not None and s.rule in ("greedy", "rank") and s.block_len > 0
+            and s.in_flight == 0 and not s.qs_adaptive and s.token is None and s.corrections is None)
 
 
 def relink_source(cfg: RunConfig, params: Params) -> RunConfig | None:
@@ -199,7 +227,7 @@ def config_key(cfg: RunConfig, params: Params, models_fp: str, clip_ids: list[st
         decode = {k: decode[k] for k in clocks}
     items = [cfg.to_dict(), decode, dataclasses.asdict(link_config(params, cfg)),
              params.models.max_new_tokens, params.seed, models_fp, clip_ids]
-    if cfg.rule == "wisv":  # appended only here, so the keys of every other configuration stay as they were
+    if cfg.spec is not None and cfg.spec.rule == "wisv":  # appended only here, so the keys of every other configuration stay as they were
         items += [params.wisv.protocol, params.wisv.tau, wisv_fingerprint(params)]
         if params.wisv.max_rank:  # added later: keys without a cap stay as they were
             items.append(("max_rank", params.wisv.max_rank))
@@ -222,7 +250,7 @@ def run_config(cfg: RunConfig, clips: list[dict], pool, path: Path, progress=Non
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in have.values()), encoding="utf-8")
         os.replace(tmp, path)
-    todo = [(cfg.to_dict(), c["id"]) for c in clips if c["id"] not in have]
+    todo = [(cfg, c["id"]) for c in clips if c["id"] not in have]
     made = pool.imap(todo) if relink_from is None else relinked(cfg, [job[1] for job in todo], *relink_from)
     for rec in made:
         append_jsonl(path, rec)

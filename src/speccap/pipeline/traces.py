@@ -55,8 +55,7 @@ def traces_key(params: Params, settings=None) -> str:
 
 def shadow_one(w: workers.Worker, job: tuple) -> dict:
     """One clip's on-policy trace with `w`'s models, along the edge's own caption."""
-    from ..gating.shadow import ShadowSettings
-    return _shadow_record(w, job, ShadowSettings(**job[5]), lambda mel, language: None)
+    return _shadow_record(w, job, job[5], lambda mel, language: None)
 
 
 def _shadow_record(w: workers.Worker, job: tuple, settings, committed_of) -> dict:
@@ -95,7 +94,7 @@ def dagger_one(w: workers.Worker, job: tuple) -> dict:
     """One clip with `w`'s models: the token-gated loop's caption under the round's gate, then its
     shadow trace along that caption (gating.shadow, `committed`)."""
     from ..gating.shadow import ShadowSettings
-    d = DaggerSettings(**job[5])
+    d: DaggerSettings = job[5]
     spec = DecodeSpec.from_params(w.params, gate_decode(w.params), gate=d.gate, threshold=d.threshold, token=d.verify)
 
     def committed(mel, language):
@@ -129,14 +128,13 @@ def features_of(df: pd.DataFrame) -> np.ndarray:
 
 
 def trace_one(w: workers.Worker, job: tuple) -> dict:
-    """Trace one clip with `w`'s models under the TraceSettings given as a dict; errors come back as
-    a record."""
+    """Trace one clip with `w`'s models under the job's TraceSettings; errors come back as a record."""
     from ..data.featurize import load_clip_features
-    from ..gating.traces import TraceSettings, trace_caption
+    from ..gating.traces import trace_caption
     clip_id, split, language, references, key, settings, _ = job
     try:
         mel, _ = load_clip_features(w.params.data.processed_dir, clip_id)
-        rows, caption = trace_caption(w.edge, w.cloud, mel, language, references, TraceSettings(**settings))
+        rows, caption = trace_caption(w.edge, w.cloud, mel, language, references, settings)
         return {"id": clip_id, "key": key, "split": split, "language": language, "caption": caption, "rows": rows}
     except Exception as exc:  # noqa: BLE001 - the stage decides what a failed clip means
         return {"id": clip_id, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
@@ -166,7 +164,7 @@ def collect(params: Params, pool: workers.Pool, out_dir: Path = TRACE_DIR, progr
                         done[rec["id"]] = rec
                 path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done.values()),
                                 encoding="utf-8")
-            jobs = [(c["id"], split, lang, c["references"], key, dataclasses.asdict(settings), c.get("emotion"))
+            jobs = [(c["id"], split, lang, c["references"], key, settings, c.get("emotion"))
                     for c in clips if c["id"] not in done]
             with open(path, "a", encoding="utf-8") as fh:
                 for rec in pool.imap(jobs):

@@ -33,7 +33,7 @@ from ..metrics.bootstrap import ClipStats, difference, interval
 from .gates import learned_names, main_gate
 from .markdown import md_table
 from .saved import gate_path
-from .sweep import RunConfig, config_key, models_fingerprint, prune_logs, run_config, summarize
+from .sweep import RunConfig, config_key, models_fingerprint, prune_logs, run_config, summarize, ugsd_config
 from .trace_refs import refs_path, training_clips
 from .workers import Pool
 
@@ -52,17 +52,18 @@ def candidate_ranks(params: Params) -> list[int]:
 
 
 def rule_fields(params: Params, rank: int) -> dict:
-    """RunConfig's rule and rank for flagged tokens judged by rank-`rank`: at the default R, what
+    """The decoder's rule (and rank) for flagged tokens judged by rank-`rank`: at the default R, what
     decode's rule gives (the same configurations, records and keys as before there was a choice)."""
     d = params.decode
     if rank == default_rank(params):
-        return dict(rule=d.rule, rank=d.rank if d.rule == "rank" else 0)
+        return dict(rule=d.rule, **({"rank": d.rank} if d.rule == "rank" else {}))
     return dict(rule="rank", rank=rank)
 
 
 def rank_config(params: Params, lang: str, gate: str, threshold: float, rank: int) -> RunConfig:
     """A token gate at `threshold`, flagged tokens judged by rank-`rank`."""
-    return RunConfig("ugsd", lang, gate, float(threshold), 0, token=params.gates.verify, **rule_fields(params, rank))
+    return ugsd_config(params, lang, gate=gate, threshold=float(threshold), block_len=0, token=params.gates.verify,
+                       **rule_fields(params, rank))
 
 
 def choose(stats: dict[int, ClipStats], default: int) -> tuple[int, dict[int, dict]]:

@@ -15,7 +15,7 @@ from . import folds
 from .folds import SHIPPED_VAL_FOLD
 from .markdown import md_table
 from .quality_table import format_ci
-from .sweep import RunConfig
+from .sweep import RunConfig, ugsd_config
 
 OUT = Path("reports/wisv")
 # the WISV paper's headline against greedy verification (Qwen-family models, its channel set)
@@ -34,10 +34,10 @@ def wisv_configs(params: Params) -> list[RunConfig]:
         configs += [RunConfig("edge", lang), RunConfig("cloud", lang)]
         for ch in w.channels:
             for length in w.block_lens:
-                configs += [RunConfig("ugsd", lang, "always", None, length, "greedy", channel=ch)]
-                configs += [RunConfig("ugsd", lang, "always", None, length, "rank", r, channel=ch)
-                            for r in w.verify_ranks]
-                configs += [RunConfig("ugsd", lang, "always", None, length, "wisv", channel=ch)]
+                every = dict(gate="always", threshold=None, block_len=length, channel=ch)
+                configs += [ugsd_config(params, lang, **every, rule="greedy")]
+                configs += [ugsd_config(params, lang, **every, rule="rank", rank=r) for r in w.verify_ranks]
+                configs += [ugsd_config(params, lang, **every, rule="wisv")]
     return configs
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 from ..config import Params
 from ..decoding.decision_head import save_head
 from ..decoding.stats import CLOUD_SCALARS
-from ..gating.traces import TraceSettings
+from ..gating.traces import TraceSettings, verifying_every_block
 from ..gating.wisv import head_dataset, repair_budget, train_head
 from .gates import calibration_plot, roc_auc
 from .saved import head_path
@@ -28,8 +28,8 @@ WISV_TRACE_DIR = Path("data/wisv_traces")
 
 def trace_settings(params: Params):
     t = params.wisv.traces
-    return TraceSettings(block_len=t.block_len, rank=1, critical_margin=t.critical_margin,
-                         max_new_tokens=params.models.max_new_tokens, hidden=True)
+    return TraceSettings(verifying_every_block(t.block_len, 1, params.models.max_new_tokens),
+                         critical_margin=t.critical_margin, hidden=True)
 
 
 def shadow_traces(params: Params) -> dict[str, pd.DataFrame]:

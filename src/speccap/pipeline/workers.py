@@ -22,7 +22,7 @@ from ..batching.row_pool import batchable
 from ..batching.step_graphs import Invariant
 from ..config import Params, load_params
 from ..data.featurize import load_clip_features
-from ..decoding.build import DecodeSpec, build_decoder
+from ..decoding.build import build_decoder
 from ..decoding.cost import CostModel
 from ..decoding.engine import cloud_only, edge_only, speculative
 from ..decoding.link import Link
@@ -96,33 +96,15 @@ def _init_worker(params_path: str | None, threads: int) -> None:
     _PROCESS.update(worker=Worker(params, edge, cloud, {}), stepped={})
 
 
-def decode_spec(cfg: RunConfig, params: Params) -> DecodeSpec:
-    """The decoder a speculative configuration runs: params' decode settings with the configuration's
-    gate, threshold, L, rule and loop on top."""
-    over = dict(gate=cfg.gate, threshold=cfg.threshold, block_len=cfg.block_len, rule=cfg.rule,
-                rank=max(cfg.rank, 1), in_flight=cfg.in_flight, token=cfg.token, corrections=cfg.corrections,
-                fold=cfg.fold, qs_adaptive=cfg.level == 0)
-    if cfg.temperature is not None:
-        over["temperature"] = cfg.temperature
-    if cfg.level:
-        over["qs_level"] = cfg.level
-    if cfg.tau is not None:
-        over["tau"] = cfg.tau
-    if cfg.gate_temperature is not None:
-        over["gate_temperature"] = cfg.gate_temperature
-    return DecodeSpec.from_params(params, **over)
-
-
 def learned_gates(params: Params, cache: dict):
     """How the decoders of a process load learned gates: from models/gates/, each file read once."""
     return lambda spec: load_gate(params, spec.gate, spec.threshold, cache=cache.setdefault("gates", {}),
                                   fold=spec.fold)
 
 
-def caption_one(w: Worker, job: tuple[dict, str]) -> dict:
+def caption_one(w: Worker, job: tuple[RunConfig, str]) -> dict:
     """Caption one clip under one configuration with `w`'s models; errors become records, not crashes."""
-    cfg_d, clip_id = job
-    cfg = RunConfig(**cfg_d)
+    cfg, clip_id = job
     params = w.params
     try:
         mel, _ = load_clip_features(params.data.processed_dir, clip_id)
@@ -135,9 +117,9 @@ def caption_one(w: Worker, job: tuple[dict, str]) -> dict:
             rec = cloud_only(w.cloud, mel, cfg.language, link, max_new, params.decode.temperature, params.seed,
                              params.decode.cloud_time_scale, CostModel.from_params(params.decode.cost))
         else:
-            settings = build_decoder(decode_spec(cfg, params), learned=learned_gates(params, w.cache),
-                                     head=cached_head(params, w.cache) if cfg.rule == "wisv" else None, link=link,
-                                     vocab=w.edge.vocab_size)
+            settings = build_decoder(cfg.spec, learned=learned_gates(params, w.cache),
+                                     head=cached_head(params, w.cache) if cfg.spec.rule == "wisv" else None,
+                                     link=link, vocab=w.edge.vocab_size)
             rec = speculative(w.edge, w.cloud, mel, cfg.language, settings, link)
             if relinkable(cfg):
                 return {"id": clip_id, "caption": rec.caption, **rec.metrics(), "link_log": link_log(rec.packets)}
@@ -221,10 +203,10 @@ class Loaded:
 
 
 def job_name(job: tuple) -> str:
-    """What a worker holds, for error messages: a caption job (config dict, clip id) or a trace job
+    """What a worker holds, for error messages: a caption job (configuration, clip id) or a trace job
     (clip id, split, language, ...)."""
-    if isinstance(job[0], dict):
-        return f"clip {job[1]} of {RunConfig(**job[0]).name}"
+    if isinstance(job[0], RunConfig):
+        return f"clip {job[1]} of {job[0].name}"
     return f"clip {job[0]} ({job[2]}, {job[1]} split)"
 
 
