@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from gate_common import KEYS, clip_stats, references, write_report  # noqa: E402
 
 from speccap.config import load_params  # noqa: E402
-from speccap.decoding.decision_head import load_head  # noqa: E402
-from speccap.gating.wisv import head_dataset  # noqa: E402
+from speccap.decoding.wisv.head import load_head  # noqa: E402
+from speccap.decoding.wisv.training import head_dataset  # noqa: E402
 from speccap.metrics.bootstrap import difference, gap_closed, interval  # noqa: E402
 from speccap.pipeline.gates import main_gate, roc_auc  # noqa: E402
 from speccap.pipeline.saved import head_path  # noqa: E402

@@ -30,9 +30,9 @@ from serving import Server, shaped_link_down, shaped_link_up
 
 from speccap.config import LinkConfig, load_params
 from speccap.decoding.build import DecodeSpec, build_decoder
-from speccap.decoding.decision_head import load_head
 from speccap.decoding.engine import speculative
 from speccap.decoding.link import Link
+from speccap.decoding.wisv.head import load_head
 from speccap.pipeline.saved import head_path
 from speccap.serving.client import VerifierClient
 from speccap.serving.edge import caption_remote, check_compatible

@@ -118,7 +118,7 @@ def _registry_champion(params) -> dict:
 
 def _wisv_head(params, args):
     """The head trained by the wisv_head stage (or --wisv-head)."""
-    from .decoding.decision_head import load_head
+    from .decoding.wisv.head import load_head
     from .pipeline.saved import head_path
     return load_head(args.wisv_head or head_path(params))
 

@@ -74,7 +74,7 @@ def _cmd_serve_cloud(args) -> int:
     cloud = load_role(params, "cloud")
     head = None
     if args.wisv_head is not None or args.wisv:  # the head sessions opened with the wisv rule judge with
-        from .decoding.decision_head import load_head
+        from .decoding.wisv.head import load_head
         from .pipeline.saved import head_path
         head = load_head(args.wisv_head or head_path(params))
     serve(cloud, tokens, limits, args.host, args.port, args.certfile, args.keyfile, args.compute_slots, head,

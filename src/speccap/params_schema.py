@@ -335,7 +335,7 @@ def _wisv_channels() -> dict:
 
 @params_class
 class WisvParams:
-    # CSI-aware acceptance (decoding/wisv.py, gating/wisv.py): traces with hidden states -> relabeled
+    # CSI-aware acceptance (decoding/wisv/rule.py, decoding/wisv/training.py): traces with hidden states -> relabeled
     # critical mismatches under drawn channels -> the decision head -> evaluation over channels
     traces: WisvTraceParams = field(default_factory=WisvTraceParams)
     # smoothed importance: weight kappa^|m - m'| of a neighbouring critical mismatch
@@ -352,10 +352,10 @@ class WisvParams:
     # the token gates); own = greedy-verified traces of its own (wisv.traces)
     labels: Literal["own", "shadow"] = "shadow"
     rank: NonNeg = 8  # each hidden state through a learned projection to this many dims (0 = raw concatenation)
-    scalars: Bool = True  # the head also reads the cloud's scalars about the token (gating.wisv.CLOUD_SCALARS)
+    scalars: Bool = True  # the head also reads the cloud's scalars about the token (decoding.wisv.training.CLOUD_SCALARS)
     weight_decay: NonNegFloat = 0.01
     patience: NonNeg = 30  # epochs without a better held-out loss before training stops (0 = no early stopping)
-    # > 0: a factored head (gating.wisv.DecisionHead): a criticality score of the token that also learns
+    # > 0: a factored head (decoding.wisv.training.DecisionHead): a criticality score of the token that also learns
     # the raw critical flags (this weight on that loss) plus a linear channel term; 0 = one network
     # that reads the CSI beside the token and learns the relabeled target only
     critical_weight: NonNegFloat = 1.0

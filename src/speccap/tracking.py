@@ -190,7 +190,7 @@ class Tracker:
     def log_wisv_head(self, registry_name: str, run_name: str, head_file: str | os.PathLike, input_example,
                       params: dict, metrics: dict, artifacts: list[str | os.PathLike] = (),
                       tags: dict | None = None, parent_id: str | None = None) -> tuple[str, str]:
-        """Log WISV's decision head (gating.wisv.save_head's <head>.pt, with its <head>.json holding
+        """Log WISV's decision head (decoding.wisv.training.save_head's <head>.pt, with its <head>.json holding
         tau) as a pyfunc model that maps [edge hidden, cloud hidden, CSI] rows to P(reject) and the
         decision, and register it; returns (run id, version)."""
         return self._log_registered(registry_name, run_name, "wisv_head", _wisv_pyfunc()(),
@@ -304,14 +304,14 @@ def _wisv_pyfunc():
 
     class WisvHeadModel(mlflow.pyfunc.PythonModel):
         """Rows in: columns e0..e{De-1} (edge hidden state), c0..c{Dc-1} (cloud hidden state),
-        csi0..csi3 (gating.wisv.CSI.vector: log10 up/down Mbps, RTT/100 ms, 10 x loss) and, for a
-        head that reads them, s0..s3 (gating.wisv.CLOUD_SCALARS). Out per row: p_reject and reject
+        csi0..csi3 (decoding.wisv.training.CSI.vector: log10 up/down Mbps, RTT/100 ms, 10 x loss) and, for a
+        head that reads them, s0..s3 (decoding.wisv.training.CLOUD_SCALARS). Out per row: p_reject and reject
         (p_reject >= tau: the mismatch is repaired)."""
 
         def load_context(self, context):
             import json
 
-            from speccap.decoding.decision_head import load_head
+            from speccap.decoding.wisv.head import load_head
             self.head = load_head(context.artifacts["head"])
             with open(context.artifacts["meta"]) as fh:
                 self.tau = json.load(fh)["tau"]

@@ -10,7 +10,6 @@ from speccap.batching.lockstep import Lockstep, SteppedLM, decode_all
 from speccap.batching.step_graphs import Invariant
 from speccap.config import LinkConfig
 from speccap.decoding.cost import CostModel
-from speccap.decoding.decision_head import DecisionHead
 from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, speculative
 from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
@@ -18,7 +17,8 @@ from speccap.decoding.policies import Fixed, UGSDAdaptive
 from speccap.decoding.rules import make_rule
 from speccap.decoding.stats import TokenStats, greedy_stats
 from speccap.decoding.verify import Rank
-from speccap.decoding.wisv import WISV
+from speccap.decoding.wisv.head import DecisionHead
+from speccap.decoding.wisv.rule import WISV
 
 from ..models.conftest import tiny_lm
 

@@ -11,7 +11,7 @@ from speccap.decoding.gates import Always, Entropy, Never
 from speccap.decoding.policies import Fixed, UGSDAdaptive
 from speccap.decoding.qs import QSAdaptive, QuantizeSample
 from speccap.decoding.verify import Rank, SpecSampling
-from speccap.decoding.wisv import WISV
+from speccap.decoding.wisv.rule import WISV
 
 from ..serving.conftest import link
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from speccap.decoding import packets
-from speccap.decoding.decision_head import CSI
 from speccap.decoding.round import MismatchedRound, Round, read_payload
 from speccap.decoding.rules import make_rule
 from speccap.decoding.stats import Block
-from speccap.decoding.wisv import WISV
+from speccap.decoding.wisv.head import CSI
+from speccap.decoding.wisv.rule import WISV
 
 VOCAB = 50
 BITS = packets.id_bits(VOCAB)

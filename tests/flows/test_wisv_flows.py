@@ -52,7 +52,7 @@ def test_wisv_chain_end_to_end(own_project, tmp_path):
     # the same numbers as the head itself (low-rank projections, the cloud's scalars)
     import torch
 
-    from speccap.decoding.decision_head import load_head
+    from speccap.decoding.wisv.head import load_head
     head = load_head(tmp_path / "models/wisv/head.pt")
     assert head.rank == report["rank"] > 0 and head.d_scalar == 4
     # the repository's default: a factored head, its criticality score measured on the raw flags,

@@ -50,7 +50,7 @@ def test_edge_with_the_wisv_rule_against_serve_cloud_with_a_head(tiny_project, c
     # the caption is the in-process one (`speccap caption --rule wisv` with the same head)
     import torch
 
-    from speccap.decoding.decision_head import DecisionHead, save_head
+    from speccap.decoding.wisv.head import DecisionHead, save_head
     params, _, params_file = tiny_project
     wav = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]["path"]
     torch.manual_seed(0)

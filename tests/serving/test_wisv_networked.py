@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from speccap.decoding.decision_head import DecisionHead
 from speccap.decoding.engine import speculative
-from speccap.decoding.wisv import WISV
+from speccap.decoding.wisv.head import DecisionHead
+from speccap.decoding.wisv.rule import WISV
 from speccap.serving.edge import caption_remote, check_compatible
 
 from .conftest import Fixed, link, settings

@@ -24,7 +24,7 @@ from .policies import Fixed, LengthPolicy, UGSDAdaptive
 from .qs import QSAdaptive
 from .rules import make_rule
 from .verify import Rank, Rule, rule_for_gate
-from .wisv import WISV
+from .wisv.rule import WISV
 
 RULE_GATES = get_args(GateName)  # every other gate name is a learned gate
 

@@ -23,14 +23,14 @@ import numpy as np
 import torch
 
 from . import packets
-from .decision_head import CSI
 from .ledger import Ledger
 from .link import Link
 from .qs import unpack_block
 from .stats import Block
 from .verify import Rule, Verdict
-from .wisv import csi_of
-from .wisv_upload import MismatchRate
+from .wisv.head import CSI
+from .wisv.rule import csi_of
+from .wisv.upload import MismatchRate
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Round:
     block: Block
     bits: int  # bits per token id on the wire
     protocol: str | None = None  # WISV's upload protocol for this block ("full" | "selective")
-    csi: object = None  # WISV: the channel state the edge measured (decoding.decision_head.CSI)
+    csi: object = None  # WISV: the channel state the edge measured (decoding.wisv.head.CSI)
 
     def packet(self, rule: Rule, q_dtype: str = "float16") -> bytes:
         """The VERIFY packet: the header with sync and draft ids, then `payload`."""

@@ -15,7 +15,7 @@ RULES = get_args(RuleName)
 def make_rule(name: str, rank: int = 20, temperature: float = 1.0, level: int = 16) -> Rule:
     if name == "wisv":
         raise ValueError("the wisv rule needs its trained decision head: build it with "
-                         "speccap.decoding.wisv.WISV(load_head(path), tau) (the wisv_head stage trains one)")
+                         "speccap.decoding.wisv.rule.WISV(load_head(path), tau) (the wisv_head stage trains one)")
     if name in ("qs", "sq"):
         return (QuantizeSample if name == "qs" else SampleQuantize)(level, temperature)
     if name == "greedy":

@@ -19,7 +19,7 @@ Impact of a matching token is 0 (there is nothing to correct).
 
 WISV's head learns from the same judged mismatches (wisv.labels: shadow): each one the caption read
 as the edge drafted it also keeps both models' states after the token and the cloud's scalars
-about it (what the rule reads, decoding/wisv.py).
+about it (what the rule reads, decoding/wisv/rule.py).
 
 DAgger. The edge-only caption is where a gate starts, not where a deployed one goes: after its
 first correction the loop leaves the edge's own trajectory. So later rounds trace the caption the
@@ -114,7 +114,7 @@ def trajectory_block(edge: AudioLM, mel: np.ndarray, language: str, committed: l
 
 
 def _wisv_inputs(label: dict, block: Block, cloud_states, logits, kept: bool, eos: int) -> None:
-    """What WISV's head reads at this mismatch, as the rule would see it (gating.wisv): the edge's
+    """What WISV's head reads at this mismatch, as the rule would see it (decoding.wisv.training): the edge's
     state after the draft token (the state before the next one), the cloud's state after reading
     it, and the cloud's scalars about it. Only where the caption read the edge's own draft (both
     states are then about that token) and not about the caption's end (WISV never judges one)."""

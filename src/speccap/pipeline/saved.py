@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import Params
-from ..decoding.decision_head import load_head
+from ..decoding.wisv.head import load_head
 from ..gating.gate_file import SUFFIX, model_of, read_gate
 from ..gating.token_gates import LearnedTokenGate
 

@@ -203,7 +203,7 @@ def protocol_table(params: Params, rows: list[dict]) -> list[dict]:
     the mismatches WISV met here (the link model, no losses)."""
     from ..decoding import packets
     from ..decoding.link import Link
-    from ..decoding.wisv_upload import expected_seconds
+    from ..decoding.wisv.upload import expected_seconds
     out = []
     for ch, cfg in params.wisv.channels.items():
         for length in params.wisv.block_lens:

@@ -4,7 +4,7 @@ Traces: every block verified greedily (rank 1: every mismatch is one WISV locali
 and the cloud's last-layer hidden states kept at each block's first mismatch, judged critical or
 not as for the learned gates (gating/traces.py); or, with wisv.labels: shadow, the token gates'
 on-policy traces. Each traced caption is one episode, relabeled under `wisv.csi_draws` drawn
-channels (gating/wisv.py), and the head learns P(repair) from [edge hidden, cloud hidden, CSI].
+channels (decoding/wisv/training.py), and the head learns P(repair) from [edge hidden, cloud hidden, CSI].
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 
 from ..config import Params
-from ..decoding.decision_head import save_head
 from ..decoding.stats import CLOUD_SCALARS
+from ..decoding.wisv.head import save_head
+from ..decoding.wisv.training import head_dataset, repair_budget, train_head
 from ..gating.traces import TraceSettings, verifying_every_block
-from ..gating.wisv import head_dataset, repair_budget, train_head
 from .gates import calibration_plot, roc_auc
 from .saved import head_path
 from .traces import TRACE_DIR
@@ -123,7 +123,7 @@ def train_wisv_head(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_
 
 def label_ceiling(va: dict, b_min: float, b_max: float) -> float | None:
     """AUC on the relabeled targets of the score critical x B(q): the raw critical flag known, the
-    channel's repair budget B(q) (gating.wisv.repair_budget) ordering the critical rows. Relabeling
+    channel's repair budget B(q) (decoding.wisv.training.repair_budget) ordering the critical rows. Relabeling
     keeps a critical mismatch with a probability that rises with B(q) and with the importance of
     its neighbours (unknown when a head decides), so no head can rank the labels much better."""
     budget = np.array([repair_budget(q, b_min, b_max) for q in va["quality"]])

@@ -19,7 +19,7 @@ from ..decoding.cloud import CloudSession
 from ..decoding.cost import timed
 from ..decoding.round import MismatchedRound, read_payload, states_by_position
 from ..decoding.rules import make_rule
-from ..decoding.wisv import WISV
+from ..decoding.wisv.rule import WISV
 from ..models.base import AudioLM
 from .sessions import Limits, ServingError, SessionStore
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import packets
-from .link import Link
-from .verify import examined
+from .. import packets
+from ..link import Link
+from ..verify import examined
 
 
 def full_hidden(session: int, seq: int, sync: list[int], draft: list[int], hidden: np.ndarray, bits: int) -> list:

@@ -2,8 +2,8 @@
 mismatch through.
 
 The cloud compares each draft token with its own argmax. Where they differ, the decision head
-(gating.wisv.DecisionHead) reads the edge's and the cloud's last-layer hidden states of that token,
-the channel state and what the cloud's own forward says about the token (gating.wisv.cloud_scalars:
+(decoding.wisv.training.DecisionHead) reads the edge's and the cloud's last-layer hidden states of that token,
+the channel state and what the cloud's own forward says about the token (decoding.wisv.training.cloud_scalars:
 its probability, rank, the cloud's top-1 probability and entropy), and gives P(reject). The mismatch is tolerated (the draft token accepted)
 when P(reject) < tau; the first mismatch the head rejects is replaced by the cloud's argmax, as in
 greedy verification. With tau = 0 the rule IS greedy verification. Mismatches about the end of the
@@ -13,7 +13,7 @@ outside the cloud's top `max_rank` is repaired whatever the head says (WISV with
 chooses among the mismatches rank-R would accept). On the embedded testbed's validation clips a cap
 helps en and costs zh more (reports/wisv_rank_cap.md), so the default is none.
 
-How the edge's hidden states travel is the upload protocol (decoding/wisv_upload.py): `full` sends
+How the edge's hidden states travel is the upload protocol (decoding/wisv/upload.py): `full` sends
 them all with the token ids; `selective` sends the ids, the cloud asks for the mismatch positions
 (`Verdict.asked`), the edge sends those states: one more round trip, fewer bytes; `auto` picks per
 round on the link model from the caption's running mismatch rate.
@@ -24,10 +24,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..decoding.decision_head import CSI, DecisionHead
-from .link import Link
-from .stats import cloud_scalars
-from .verify import Rule, Verdict, cloud_rank
+from ..link import Link
+from ..stats import cloud_scalars
+from ..verify import Rule, Verdict, cloud_rank
+from .head import CSI, DecisionHead
 
 PROTOCOLS = ("full", "selective", "auto")
 

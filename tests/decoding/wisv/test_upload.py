@@ -4,7 +4,7 @@ import pytest
 from speccap.config import LinkConfig
 from speccap.decoding import packets
 from speccap.decoding.link import Link
-from speccap.decoding.wisv_upload import MismatchRate, choose, expected_seconds, full_hidden, selective_hidden
+from speccap.decoding.wisv.upload import MismatchRate, choose, expected_seconds, full_hidden, selective_hidden
 
 
 def test_hidden_and_mismatch_packets_roundtrip_with_exact_sizes():
@@ -46,7 +46,7 @@ def test_choice_follows_rtt_and_uplink():
 
 
 def test_seconds_pays_one_propagation_per_direction_change():
-    from speccap.decoding.wisv_upload import seconds
+    from speccap.decoding.wisv.upload import seconds
     link = Link(LinkConfig(uplink_mbps=8.0, downlink_mbps=8.0, rtt_ms=40.0, overhead_bytes=0))
     ex = [("up", "a", b"x" * 1000), ("up", "b", b"x" * 1000), ("down", "c", b"x" * 1000)]
     assert seconds(ex, link) == pytest.approx(0.020 + 0.002 + 0.020 + 0.001)

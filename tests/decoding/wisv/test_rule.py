@@ -7,14 +7,14 @@ import torch
 
 from speccap.config import LinkConfig
 from speccap.decoding import packets
-from speccap.decoding.decision_head import CSI, DecisionHead
 from speccap.decoding.engine import SpecSettings, speculative
 from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed
 from speccap.decoding.rules import make_rule
 from speccap.decoding.verify import Rank
-from speccap.decoding.wisv import WISV, csi_of
+from speccap.decoding.wisv.head import CSI, DecisionHead
+from speccap.decoding.wisv.rule import WISV, csi_of
 
 D = 32  # the tiny models' hidden size
 
@@ -111,7 +111,7 @@ def test_bad_inputs_are_named():
 
 @pytest.fixture(scope="module")
 def pair():
-    from ..models.conftest import tiny_lm
+    from ...models.conftest import tiny_lm
     return tiny_lm("qwen2_5_omni", seed=1), tiny_lm("qwen2_5_omni", seed=2)
 
 

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from speccap.decoding.decision_head import CSI
-from speccap.gating.wisv import (
+from speccap.decoding.wisv.head import CSI
+from speccap.decoding.wisv.training import (
     channel_quality,
     draw_csi,
     relabel,
@@ -158,7 +158,7 @@ def test_factored_head_learns_criticality_from_the_raw_flags_and_the_channel_apa
 def test_head_dataset_relabels_each_episode_under_several_channels():
     import pandas as pd
 
-    from speccap.gating.wisv import head_dataset
+    from speccap.decoding.wisv.training import head_dataset
     rng = np.random.default_rng(0)
     rows = [{"clip_id": c, "pos": p, "critical": float(k), "h_edge": rng.standard_normal(6).tolist(),
              "h_cloud": rng.standard_normal(10).tolist()}
@@ -176,7 +176,7 @@ def test_head_dataset_relabels_each_episode_under_several_channels():
 
 
 def test_saved_head_loads_back_and_bad_files_are_named(tmp_path):
-    from speccap.decoding.decision_head import DecisionHead, load_head, save_head
+    from speccap.decoding.wisv.head import DecisionHead, load_head, save_head
     head = DecisionHead(6, 10, hidden=16, dropout=0.2).eval()
     save_head(head, tmp_path / "wisv/head.pt", {"tau": 0.4})
     back = load_head(tmp_path / "wisv/head.pt")

@@ -1,6 +1,6 @@
 """WISV's decision head as a decoder uses it: the channel state it reads (CSI), the network
-(DecisionHead) and its file (save_head, load_head). Training it is gating/wisv.py's job; the rule
-that asks it is decoding/wisv.py."""
+(DecisionHead) and its file (save_head, load_head). Training it is decoding/wisv/training.py's job; the rule
+that asks it is decoding/wisv/rule.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .stats import CLOUD_SCALARS
+from ..stats import CLOUD_SCALARS
 
 
 @dataclass(frozen=True)

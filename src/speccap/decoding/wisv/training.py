@@ -16,7 +16,7 @@ as tolerable, the least important first.
 - labels only relax: a critical mismatch may become tolerable, a tolerable one never critical;
 - several CSI draws per episode, so the head sees each caption under several channels.
 
-The rule that uses the head is decoding/wisv.py; the traces with hidden states come from
+The rule that uses the head is decoding/wisv/rule.py; the traces with hidden states come from
 gating/traces.py (TraceSettings.hidden); the wisv_head stage trains and registers the head
 (pipeline/wisv_head.py) and the wisv_eval stage evaluates it over channels (pipeline/wisv.py).
 """
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..decoding.decision_head import CSI, DecisionHead
+from .head import CSI, DecisionHead
 
 
 def channel_quality(csi: CSI, rate_lo: float = 0.1, rate_hi: float = 1000.0, rtt_scale_ms: float = 200.0) -> float:
