@@ -43,27 +43,34 @@ def round_counts(params: Params) -> SimpleNamespace:
     return SimpleNamespace(train_clips=d.train_clips, val_clips=d.val_clips or params.gates.traces.val_clips)
 
 
-def round_settings(params: Params, name: str):
-    """The round's trace settings (the gate at its promote-budget thresholds, its file's hash) and
-    the gate's model, from one read of models/gates/<name>.gate.json."""
+def round_settings(params: Params, name: str, budget: float | None = None):
+    """The round's trace settings (the gate at its thresholds for `budget`, default its own: the
+    promote budget's; its file's hash) and the gate's model, from one read of
+    models/gates/<name>.gate.json."""
     blob = gate_path(params, name).read_bytes()
     saved = json.loads(blob)
+    if budget is not None and str(budget) not in saved["thresholds"]:
+        raise ValueError(f"{gate_path(params, name)}: no thresholds for budget {budget} (it has "
+                         f"{', '.join(saved['thresholds'])}; gates.budgets)")
+    threshold = saved["threshold"] if budget is None else saved["thresholds"][str(budget)]
     settings = DaggerSettings(rank=params.decode.rank, critical_margin=params.gates.traces.critical_margin,
-                              max_new_tokens=params.models.max_new_tokens, gate=name, threshold=saved["threshold"],
+                              max_new_tokens=params.models.max_new_tokens, gate=name, threshold=threshold,
                               verify=params.gates.verify, gate_sha=hashlib.sha256(blob).hexdigest()[:12],
                               entropy_temperatures=tuple(params.gates.entropy_temperatures))
     return settings, model_of(saved, name)
 
 
 def dagger_rounds(params: Params, params_path: str | None, train: pd.DataFrame, val: pd.DataFrame, result: dict,
-                  out_dir: Path = DAGGER_DIR, workers: int | None = None, progress=None) -> tuple[dict, list[dict]]:
+                  out_dir: Path = DAGGER_DIR, workers: int | None = None, progress=None,
+                  budget: float | None = None) -> tuple[dict, list[dict]]:
     """Run params.gates.dagger.rounds rounds after the first gates (`result`, trained on `train`
-    and `val`). Returns the last gates.json content and one summary per round."""
+    and `val`), each round's gate at its thresholds for `budget` (default: the promote budget's).
+    Returns the last gates.json content and one summary per round."""
     rounds = []
     counts = round_counts(params)
     for k in range(1, params.gates.dagger.rounds + 1):
         name = round_gate(result)
-        settings, model = round_settings(params, name)
+        settings, model = round_settings(params, name, budget)
         pool = Pool.for_stage(params, params_path, "gates", fn=dagger_one, workers=workers)
         try:
             tables = collect(params, pool, out_dir / f"round{k}", progress=progress, settings=settings, counts=counts)
