@@ -36,11 +36,10 @@ import yaml  # noqa: E402
 from gate_common import (  # noqa: E402
     ci_cells,
     clip_stats,
-    gate_eval_run,
     paired_columns,
-    read_records,
     references,
     rho,
+    stage_gate_run,
     start,
     write_report,
 )
@@ -107,11 +106,8 @@ def main() -> None:
                 for target in TARGETS:
                     shipped, ours = gates["chosen"][target], ablation["chosen"][target]
                     for budget in args.at:
-                        cfg = rank_config(params, lang, shipped, gates["gates"][shipped]["thresholds"][str(budget)][lang], r)
-                        found = gate_eval_run(cfg.name)
-                        if found is None:
-                            raise SystemExit(f"reports/gate_runs: no run of {cfg.name} (run `dvc repro gate_eval` first)")
-                        stage = read_records(found)
+                        stage, found = stage_gate_run(
+                            params, lang, shipped, gates["gates"][shipped]["thresholds"][str(budget)][lang], r)
                         new = rank_config(sp, lang, ours, ablation["gates"][ours]["thresholds"][str(budget)][lang], r)
                         path = runs / f"{lang}-{target}-{budget:g}-dagger{args.budget:g}.jsonl"
                         made = run_config(new, clips, pool, path)

@@ -107,9 +107,7 @@ def main() -> None:
              "`python benchmarks/gate_allocation.py`; one set of traces, no interval.\n",
              md_table(["gate", "lang", "budget rho*", "one threshold %", "per caption %", "per position %",
                        "per caption - one", "per position - one"], rows)]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_report(out, "gate_allocation", payload, lines)
+    write_report(Path(args.out), "gate_allocation", payload, lines)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from speccap.config import Params, load_params
 from speccap.metrics.bootstrap import ClipStats, difference, gap_closed
 from speccap.metrics.caption import score_captions
 from speccap.pipeline.traces import TRACE_DIR, clip_table
+from speccap.pipeline.verify_rank import rank_config
 
 KEYS = (("bleu1", "BLEU-1"), ("emotion_hit_rate", "emotion hit"))
 GATES_JSON = Path("models/gates/gates.json")
@@ -73,6 +74,16 @@ def gate_eval_run(name: str) -> Path | None:
     return found[0] if found else None
 
 
+def stage_gate_run(params: Params, lang: str, name: str, threshold: float, rank: int) -> tuple[list[dict], Path]:
+    """The gate evaluation's records of gate `name` at `threshold`, flagged tokens judged by rank-`rank`,
+    and their file."""
+    cfg = rank_config(params, lang, name, threshold, rank)
+    found = gate_eval_run(cfg.name)
+    if found is None:
+        raise SystemExit(f"reports/gate_runs: no run of {cfg.name} (run `dvc repro gate_eval` first)")
+    return read_records(found), found
+
+
 def paired_columns(edge: ClipStats, cloud: ClipStats, stats: dict[str, ClipStats], minus: tuple[str, str]) -> dict:
     """For each of KEYS: the edge -> cloud gap share each named run closes (`<key>_<name>_share`)
     and the paired difference of two of them (`<key>_<a>_minus_<b>`), all on the same clips."""
@@ -92,7 +103,8 @@ def ci_cells(row: dict, suffixes: tuple[str, ...]) -> str:
 
 
 def write_report(out: Path, stem: str, payload: dict, lines: list[str]) -> None:
-    """<out>/<stem>.json and <stem>.md, the table printed too."""
+    """<out>/<stem>.json and <stem>.md (the folder made if missing), the table printed too."""
+    out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(payload, indent=1))
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

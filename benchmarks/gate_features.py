@@ -70,9 +70,7 @@ def main() -> None:
              "refit alone moves the share (the logistic gates do not depend on the seed).\n",
              md_table(["gate", "lang", "budget rho*", "stage's features %", "another seed, difference",
                        "+ entropy at each T %", "difference"], rows)]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_report(out, "gate_features", payload, lines)
+    write_report(Path(args.out), "gate_features", payload, lines)
 
 
 if __name__ == "__main__":

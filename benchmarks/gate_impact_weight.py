@@ -31,11 +31,10 @@ from common import load_models  # noqa: E402
 from gate_common import (  # noqa: E402
     ci_cells,
     clip_stats,
-    gate_eval_run,
     paired_columns,
-    read_records,
     references,
     rho,
+    stage_gate_run,
     stage_traces,
     start,
     write_report,
@@ -48,7 +47,7 @@ from speccap.pipeline.gates import end_token  # noqa: E402
 from speccap.pipeline.saved import load_gate  # noqa: E402
 from speccap.pipeline.sweep import eval_clips  # noqa: E402
 from speccap.pipeline.traces import features_of  # noqa: E402
-from speccap.pipeline.verify_rank import default_rank, rank_config  # noqa: E402
+from speccap.pipeline.verify_rank import default_rank  # noqa: E402
 
 
 def main() -> None:
@@ -79,11 +78,7 @@ def main() -> None:
         mask = (val["language"] == lang).to_numpy()
         for budget in params.gates.budgets:
             t_stage = gates["gates"][name]["thresholds"][str(budget)][lang]
-            cfg = rank_config(params, lang, name, t_stage, r)
-            found = gate_eval_run(cfg.name)
-            if found is None:
-                raise SystemExit(f"reports/gate_runs: no run of {cfg.name} (run `dvc repro gate_eval` first)")
-            stage = read_records(found)
+            stage, found = stage_gate_run(params, lang, name, t_stage, r)
             t = threshold_for_share(scores[mask], budget)
             gate = LearnedTokenGate(model, {lang: t}, f"{name}-w{args.weight:g}", params.gates.verify)
             spec = DecodeSpec.from_params(params, gate_decode(params), gate=gate.name, rule="rank", rank=r)
