@@ -1,11 +1,13 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from speccap.decoding.gates import make_gate
 from speccap.decoding.policies import Fixed, UGSDAdaptive
-from speccap.decoding.stats import Block, greedy_stats, token_stats
+from speccap.decoding.stats import Block, greedy_stats, sampled_rows, token_stats
+from speccap.models.generate import pick
 
 
 def _block(dists: list[list[float]], tokens: list[int]) -> Block:
@@ -39,6 +41,26 @@ def test_greedy_stats_are_token_stats_of_each_rows_greedy_token():
         want, _ = token_stats(row, int(torch.argmax(row)), 0.0)
         assert stats == want
     assert got[1].token == 200 and got[1].margin == 0.0 and got[2].entropy == pytest.approx(math.log(500))
+
+
+@pytest.mark.parametrize("entropy_temperature", [None, 0.5])
+def test_sampled_rows_are_what_pick_and_token_stats_give_each_row_alone(entropy_temperature):
+    """Batched over rows, to the bit: the law a sampling edge draws from (the token `pick` draws
+    with the same generator) and every statistic of the token drawn."""
+    torch.manual_seed(4)
+    rows = torch.randn(6, 700) * 2
+    rows[:, :50] = -1e9
+    rows[2] = 0.0
+    rows[3, 77] = 30.0
+    for t in (0.7, 1.0):
+        got = sampled_rows(rows, t, entropy_temperature)
+        for i, (row, made) in enumerate(zip(rows, got)):
+            tok = pick(row, t, np.random.default_rng(i))
+            law = made.draw.numpy()
+            assert int(np.random.default_rng(i).choice(len(law), p=law / law.sum())) == tok
+            want, q = token_stats(row, tok, t, entropy_temperature)
+            stats, p = made.stats(tok)
+            assert stats == want and torch.equal(p, q)
 
 
 def test_gates_read_the_most_uncertain_token():

@@ -21,7 +21,7 @@ from .ledger import Ledger
 from .link import Link
 from .policies import LengthPolicy
 from .round import Answer, Round, Transport
-from .stats import Block, TokenStats, greedy_summary, token_stats
+from .stats import Block, SampledRow, TokenStats, greedy_summary, sampled_rows, sampled_summary, token_stats
 from .verify import Rule
 
 
@@ -80,9 +80,12 @@ class EdgeHalf:
         # greedy drafting reads the statistics of the greedy token after each extension: asked of the
         # extension itself (a batching executor computes them for all its drafting loops at once)
         self.entropy_temperature = s.gate.entropy_temperature  # a tuned entropy gate's
+        # a sampling edge reads the law it draws from and the statistics that do not depend on the
+        # token drawn, asked of the extension the same way
         greedy = s.temperature <= 0 and s.rule.edge_distribution is None
-        self.summarize = greedy_summary(self.entropy_temperature) if greedy else None
-        self.summary: TokenStats | None = None  # `summarize` of `self.logits`, when known
+        self.summarize = (greedy_summary(self.entropy_temperature) if greedy else
+                          sampled_summary(s.temperature, self.entropy_temperature) if s.temperature > 0 else None)
+        self.summary: TokenStats | SampledRow | None = None  # `summarize` of `self.logits`, when known
         self.cached = 0  # caption tokens in the edge's KV cache
         self.state = self.sess.prefill_hidden  # the state after what the cache holds (with keep_context)
         self.defers = s.gate.level == "token" and not self.keep_hidden
@@ -107,14 +110,21 @@ class EdgeHalf:
         """Draft one token into `block`; fed back to the cache unless it ends the caption, or unless
         `feed` is False (the caller feeds it with `feed_drafted`, or leaves it to `align`)."""
         rule = self.s.rule
+        known = None if self.summarize is None else self.summary or self.summarize(self.logits[None])[0]
         if rule.edge_distribution is not None:  # Q-S / S-Q: the quantized distribution travels
-            p = torch.softmax(self.logits.double() / self.s.temperature, dim=-1)
-            q = rule.edge_distribution(p)
-            law = (q if rule.sample_quantized else p).numpy()
+            if not isinstance(known, SampledRow):
+                known = sampled_rows(self.logits[None], self.s.temperature, self.entropy_temperature)[0]
+            q = rule.edge_distribution(known.draw)
+            law = (q if rule.sample_quantized else known.draw).numpy()
             tok = int(self.rng.choice(len(law), p=law / law.sum()))
-            stats, _ = token_stats(self.logits, tok, self.s.temperature, self.entropy_temperature)
-        elif self.summarize is not None and not needs_q:
-            stats = self.summary or self.summarize(self.logits[None])[0]  # (the prefill's: not summarized)
+            stats, _ = known.stats(tok)
+        elif isinstance(known, SampledRow):  # drawn as `pick` draws
+            law = known.draw.numpy()
+            tok = int(self.rng.choice(len(law), p=law / law.sum()))
+            stats, q = known.stats(tok)
+            q = q.float() if needs_q else None
+        elif known is not None and not needs_q:  # (the prefill's logits are not summarized: done here)
+            stats = known
             tok, q = stats.token, None
         else:
             tok = self.pick()

@@ -102,6 +102,46 @@ def greedy_summary(entropy_temperature: float | None = None):
     return functools.partial(greedy_stats, entropy_temperature=entropy_temperature)
 
 
+@dataclass(frozen=True)
+class SampledRow:
+    """What a sampling edge needs of one row of next-token logits before it draws, computed with
+    every row of a batch at once (`sampled_rows`): the law it draws from, and the statistics of the
+    distribution at its temperature that do not depend on the token drawn."""
+    draw: torch.Tensor  # softmax(logits / T), float64: what models.generate.pick draws from
+    logp: torch.Tensor  # log_softmax(logits / T), float64
+    p: torch.Tensor  # its exp: the distribution a drafted token's q is (token_stats' second value)
+    entropy: float  # at the entropy temperature when one is given
+    top1: float
+    margin: float
+
+    def stats(self, token: int) -> tuple[TokenStats, torch.Tensor]:
+        """`token_stats` of `token` drawn from this row: the same numbers, and its distribution."""
+        lp = float(self.logp[token])
+        return TokenStats(token, self.entropy, self.top1, self.margin, lp, int((self.logp > lp).sum()) + 1), self.p
+
+
+def sampled_rows(logits: torch.Tensor, temperature: float, entropy_temperature: float | None = None) -> list[SampledRow]:
+    """`SampledRow` of each row of (k, V) logits drawn from at `temperature` (> 0), in one tensor
+    operation per quantity for all rows: what a sampling edge asks its extension to summarize, so
+    a batch of loops pays once per step. Each row gets the numbers `pick` and `token_stats` give it
+    alone."""
+    x = logits.double() / temperature
+    draw = torch.softmax(x, dim=-1)
+    logp = torch.log_softmax(x, dim=-1)
+    p = logp.exp()
+    top2 = torch.topk(p, 2, dim=-1).values
+    entropy = _entropy(logp if entropy_temperature is None else torch.log_softmax(logits.double() / entropy_temperature,
+                                                                                  dim=-1))
+    numbers = torch.stack([entropy, top2[:, 0], top2[:, 0] - top2[:, 1]], -1).tolist()
+    return [SampledRow(draw[i], logp[i], p[i], *numbers[i]) for i in range(len(numbers))]
+
+
+@functools.cache
+def sampled_summary(temperature: float, entropy_temperature: float | None = None):
+    """`sampled_rows` at these temperatures, as ONE function per pair (see greedy_summary)."""
+    return functools.partial(sampled_rows, temperature=temperature, entropy_temperature=entropy_temperature)
+
+
 def audio_summary(mel) -> tuple[float, ...]:
     """A few numbers about the clip from its log-mel (what the edge has anyway): loudness level and
     spread, its trend over the clip, spectral balance (centroid in mel bins, normalized) and its
