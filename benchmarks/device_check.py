@@ -6,8 +6,9 @@ download) with Qwen's real vocabulary, one command, one report.
     python benchmarks/device_check.py --device cpu --size tiny --clips 6 --batch 3 --out /tmp/device_check
 
 For `--clips` clips of real audio lengths (random log-mel, 4 to 20 s, languages alternating):
-edge-only, cloud-only and the default UGSD loop (params.yaml's decode settings, measured clock),
-each once one caption at a time (the single executor) and twice `--batch` at a time (the batching
+the default UGSD loop (params.yaml's decode settings, measured clock), cloud-only and edge-only, in
+that order, each one caption at a time (the single executor, on the first `--single-clips`: at real
+sizes it is the slow part) and twice `--batch` at a time (the batching
 executor, speccap.batching.lockstep): with the eager batched step, and with the step at fixed shapes
 replayed from captured CUDA graphs (speccap.batching.step_graphs; on a CPU the fixed shapes run
 eagerly), side by side: captions and tokens per second, GPU memory (the framework's peak allocated),
@@ -20,7 +21,10 @@ their tokens are what is compared.
 
 Not in it yet: the replaying server (benchmarks/serving_replay.py needs the trained models).
 Without a GPU (and without `--device cpu`) it says so and writes a report that says so. Sections
-stop starting once `--budget-s` seconds have gone, and the report names what was skipped.
+stop starting once `--budget-s` seconds have gone, and the report names what was skipped. Progress
+goes to stderr with the seconds since start, and the report is rewritten after every timed run,
+so a run cut short (a lease ending, a timeout) leaves what it measured; a loop that raises is
+reported as failed and the next one runs.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import argparse
 import platform
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +69,12 @@ SIZES = {
                         audio_layers=1, audio_heads=2, audio_ffn=128),
 }
 FRAMES_PER_SECOND = 100  # Whisper-style log-mel hop (10 ms)
+_T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    """Progress on stderr, with the seconds since start: a run on a leased machine may be cut short."""
+    print(f"[{time.perf_counter() - _T0:7.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
 def build_thinker(size: str, device: torch.device, dtype: torch.dtype, seed: int, name: str) -> ThinkerLM:
@@ -87,10 +99,11 @@ def audio_clips(n: int, seed: int) -> list[tuple[np.ndarray, str]]:
 
 def loops(params, max_new: int) -> dict:
     spec = DecodeSpec.from_params(params, cost=None, max_new_tokens=max_new)
+    # the loop the targets name first: when the time budget runs out, the baselines are what is skipped
     return {
-        "edge-only": lambda e, c, job: edge_only(e, job[0], job[1], max_new),
-        "cloud-only": lambda e, c, job: cloud_only(c, job[0], job[1], Link(LinkConfig()), max_new),
         "UGSD (default)": lambda e, c, job: speculative(e, c, job[0], job[1], build_decoder(spec), Link(params.link)),
+        "cloud-only": lambda e, c, job: cloud_only(c, job[0], job[1], Link(LinkConfig()), max_new),
+        "edge-only": lambda e, c, job: edge_only(e, job[0], job[1], max_new),
     }
 
 
@@ -114,6 +127,8 @@ def timed_run(fn, edge, cloud, jobs, batch: int, device: torch.device, graphs: b
            "captions_per_s": len(recs) / wall, "tokens_per_s": tokens / wall, "tokens": tokens} | mon.gpu_summary()
     if device.type == "cuda":
         out["peak_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    log(f"B = {batch}, graphs {graphs}, invariant {invariant is not None}: {len(recs)} captions, {tokens} tokens "
+        f"in {wall:.1f} s")
     return recs, out
 
 
@@ -144,9 +159,10 @@ def run(args) -> dict:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     result = {"command": portable_command(), "device": args.device, "dtype": args.dtype, "clips": args.clips,
+              "single_clips": min(args.single_clips or args.clips, args.clips),
               "batch": args.batch, "max_new_tokens": args.max_new_tokens, "sizes": {"edge": args.edge_size,
                                                                                    "cloud": args.cloud_size},
-              "machine": platform.node(), "skipped": [], "loops": {}}
+              "machine": platform.node(), "skipped": [], "failed": {}, "partial": {}, "loops": {}}
     if device.type == "cuda":
         if not torch.cuda.is_available():
             result["no_gpu"] = "no CUDA device on this machine: nothing was measured"
@@ -159,6 +175,7 @@ def run(args) -> dict:
         cloud = build_thinker(args.cloud_size, device, dtype, 2, "cloud")
         shared_vocab(edge, cloud)
         result["build_s"] = time.perf_counter() - t0
+        log(f"models built in {result['build_s']:.1f} s")
         result["parameters"] = {"edge": edge.num_parameters(), "cloud": cloud.num_parameters()}
         jobs = audio_clips(args.clips, 0)
         result["audio_seconds"] = [mel.shape[1] / FRAMES_PER_SECOND for mel, _ in jobs]
@@ -169,30 +186,57 @@ def run(args) -> dict:
         for fn in loops(load_params(args.params), 4).values():
             decode_all(edge, cloud, fn, warm, 1)
             decode_all(edge, cloud, fn, warm, 2)
+        log("warmed up")
         for name, fn in loops(load_params(args.params), args.max_new_tokens).items():
             if time.perf_counter() - start > args.budget_s:
                 result["skipped"].append(name)
                 continue
-            single, s = timed_run(fn, edge, cloud, jobs, 1, device)
-            eager, e = timed_run(fn, edge, cloud, jobs, args.batch, device, graphs=False)
-            # the fixed shapes (batching.step_graphs): captured and replayed on CUDA, eager elsewhere
-            graphed, g = timed_run(fn, edge, cloud, jobs, args.batch, device, graphs=True)
-            # the batch-invariant setting: one caption at a time and batched, both at its one shape
-            # (alone: the first --invariant-clips only; a caption alone steps all the setting's rows)
-            few = jobs[: args.invariant_clips]
-            alone_inv, _ = timed_run(fn, edge, cloud, few, 1, device, invariant=invariant)
-            batched_inv, i = timed_run(fn, edge, cloud, jobs, args.batch, device, invariant=invariant)
-            result["loops"][name] = {
-                "invariant": i, "invariant_ratio": i["captions_per_s"] / s["captions_per_s"],
-                "invariant_vs_graphs": i["captions_per_s"] / g["captions_per_s"],
-                "invariance_setting": invariance(name, alone_inv, batched_inv[: len(few)], few, edge, cloud),
-                "single": s, "batched": e, "graphs": g, "ratio": e["captions_per_s"] / s["captions_per_s"],
-                "graphs_ratio": g["captions_per_s"] / s["captions_per_s"],
-                "graphs_vs_eager": g["captions_per_s"] / e["captions_per_s"],
-                "invariance": invariance(name, single, eager, jobs, edge, cloud),
-                "invariance_graphs": invariance(name, single, graphed, jobs, edge, cloud)}
+            log(f"{name} ...")
+
+            def keep(kind: str, stats: dict, name=name) -> None:  # each run's figures as soon as they exist
+                result["partial"].setdefault(name, {})[kind] = stats
+                result["total_s"] = time.perf_counter() - start
+                write_report(args.out, result, markdown)
+
+            try:
+                result["loops"][name] = measure_loop(name, fn, edge, cloud, jobs, args, device, invariant, keep)
+                result["partial"].pop(name)
+            except (RuntimeError, ValueError, AssertionError) as exc:  # a path never run on this device: the rest still reports
+                result["failed"][name] = "".join(traceback.format_exception_only(exc)).strip()
+                traceback.print_exc()
+            result["total_s"] = time.perf_counter() - start
+            write_report(args.out, result, markdown)  # a run cut short still leaves what it measured
     result["total_s"] = time.perf_counter() - start
     return result
+
+
+def measure_loop(name: str, fn, edge, cloud, jobs, args, device: torch.device, invariant: Invariant,
+                 keep: Callable[[str, dict], None]) -> dict:
+    """One loop through every executor: single, batched eager, batched at fixed shapes (graphs on
+    CUDA), and the batch-invariant setting batched and (for the first --invariant-clips) alone."""
+    alone = jobs[: args.single_clips or len(jobs)]  # the single executor's captions/s from these
+    single, s = timed_run(fn, edge, cloud, alone, 1, device)
+    keep("single", s)
+    eager, e = timed_run(fn, edge, cloud, jobs, args.batch, device, graphs=False)
+    keep("batched", e)
+    # the fixed shapes (batching.step_graphs): captured and replayed on CUDA, eager elsewhere
+    graphed, g = timed_run(fn, edge, cloud, jobs, args.batch, device, graphs=True)
+    keep("graphs", g)
+    # the batch-invariant setting: one caption at a time and batched, both at its one shape
+    # (alone: the first --invariant-clips only; a caption alone steps all the setting's rows)
+    few = jobs[: args.invariant_clips]
+    alone_inv, a = timed_run(fn, edge, cloud, few, 1, device, invariant=invariant)
+    keep("invariant_alone", a)
+    batched_inv, i = timed_run(fn, edge, cloud, jobs, args.batch, device, invariant=invariant)
+    return {
+        "invariant": i, "invariant_ratio": i["captions_per_s"] / s["captions_per_s"],
+        "invariant_vs_graphs": i["captions_per_s"] / g["captions_per_s"],
+        "invariance_setting": invariance(name, alone_inv, batched_inv[: len(few)], few, edge, cloud),
+        "single": s, "batched": e, "graphs": g, "ratio": e["captions_per_s"] / s["captions_per_s"],
+        "graphs_ratio": g["captions_per_s"] / s["captions_per_s"],
+        "graphs_vs_eager": g["captions_per_s"] / e["captions_per_s"],
+        "invariance": invariance(name, single, eager[: len(alone)], alone, edge, cloud),
+        "invariance_graphs": invariance(name, single, graphed[: len(alone)], alone, edge, cloud)}
 
 
 def markdown(r: dict) -> str:
@@ -204,7 +248,8 @@ def markdown(r: dict) -> str:
               f"({r['sizes']['edge']} shapes on the edge, {r['parameters']['edge']:,} parameters; {r['sizes']['cloud']} "
               f"in the cloud, {r['parameters']['cloud']:,}) with Qwen's vocabulary, {r['clips']} clips of "
               f"{min(r['audio_seconds']):.0f}-{max(r['audio_seconds']):.0f} s, up to {r['max_new_tokens']} tokens, "
-              f"batched {r['batch']} at a time. Models built in {r['build_s']:.0f} s; the whole check "
+              f"batched {r['batch']} at a time (one at a time: the first {r.get('single_clips', r['clips'])}). "
+              f"Models built in {r['build_s']:.0f} s; the whole check "
               f"{r['total_s']:.0f} s.", "",
               "| loop | executor | captions/s | tokens/s | peak allocated GB | GPU util mean / max % | x single | "
               "x batched eager |", "|---|---|---|---|---|---|---|---|"]
@@ -232,6 +277,11 @@ def markdown(r: dict) -> str:
         for inv in (row["invariance"], row["invariance_graphs"], row["invariance_setting"]):
             cells += [f"{inv['differ']} / {inv['captions']}", f"{min(inv['top2_gaps']):.3g}" if inv["top2_gaps"] else "–"]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {row['invariant_vs_graphs']:.2f}x |")
+    for name, runs in r.get("partial", {}).items():
+        lines += ["", f"{name}: cut short; finished runs: " + "; ".join(
+            f"{kind} (B = {x['batch']}) {x['captions_per_s']:.2f} captions/s" for kind, x in runs.items()) + "."]
+    for name, err in r.get("failed", {}).items():
+        lines += ["", f"{name}: failed ({err})."]
     if r["skipped"]:
         lines += ["", f"Skipped (past the time budget): {', '.join(r['skipped'])}."]
     lines += ["", "Not measured here: the replaying server (benchmarks/serving_replay.py)."]
@@ -248,16 +298,19 @@ def main() -> int:
     ap.add_argument("--clips", type=int, default=32)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--invariant-clips", type=int, default=8,
+    ap.add_argument("--single-clips", type=int, default=8,
+                    help="decode only the first N clips one at a time (0: all): the single executor's figures and "
+                         "the batch-invariance comparisons come from those (one at a time is the slow part)")
+    ap.add_argument("--invariant-clips", type=int, default=4,
                     help="clips decoded one at a time under the batch-invariant setting, against its batched captions")
-    ap.add_argument("--budget-s", type=float, default=360.0, help="start no section after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="start no section after this many seconds")
     ap.add_argument("--params", default="params.yaml", help="where the UGSD loop's decode settings come from")
     ap.add_argument("--out", type=Path, default=Path("reports/device_check"))
     args = ap.parse_args()
     if args.size:
         args.edge_size = args.cloud_size = args.size
-    if args.clips < 1 or args.batch < 1 or args.invariant_clips < 1:
-        ap.error("--clips, --batch and --invariant-clips must be at least 1")
+    if args.clips < 1 or args.batch < 1 or args.invariant_clips < 1 or args.single_clips < 0:
+        ap.error("--clips, --batch and --invariant-clips must be at least 1, --single-clips at least 0")
     r = run(args)
     write_report(args.out, r, markdown)
     return 0 if "no_gpu" not in r else 2
