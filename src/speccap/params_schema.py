@@ -300,6 +300,11 @@ class SweepParams:
     # N > 0: batch-invariant stepping (batching.step_graphs.Invariant), every step over N rows at one shape:
     # on a GPU a caption then does not depend on its batch (N >= 2 x batch: a loop may hold two sessions)
     invariant_rows: NonNeg = 0
+    # MiB of prompts (keys and values of the audio and prompt) each worker keeps per model: the
+    # configurations of a sweep decode the same clips, and a kept prompt skips the audio encoder. Each
+    # is computed alone, so batched captions start from a session's own prompt bits. 0: every caption
+    # prefills its own (size it to a stage's clips with real checkpoints: a 7B's prompt is tens of MB)
+    prompt_cache_mb: NonNeg = 256
     runs_dir: str = "reports/runs"
     # Q-S next to speculative sampling, every block verified, at this temperature: one configuration
     # per lattice level (0 = the adaptive policy choosing L and level per round) plus the dense baseline

@@ -23,10 +23,10 @@ _CROSS_FIT = ("data.source", "data.trace_pool.path", "data.cross_fit", "sweep.cl
 # re-run `train`, whose models/ every decoding stage depends on), and the caption length
 _MODELS = (*(f"models.{role}.{k}" for role in ("edge", "cloud") for k in ("backend", "path", "dtype", "family", "size")),
            "models.max_new_tokens")
-# how a stage's captions are stepped: how many at once, and batch-invariant stepping with the room it
-# leaves for the longest clip (pipeline.workers.invariance)
-_EXECUTOR = ("sweep.batch", "sweep.invariant_rows", "data.max_clip_seconds", "features.sample_rate",
-             "features.hop_length")
+# how a stage's captions are stepped: how many at once, batch-invariant stepping with the room it
+# leaves for the longest clip (pipeline.workers.invariance), and the prompts kept across captions
+_EXECUTOR = ("sweep.batch", "sweep.invariant_rows", "sweep.prompt_cache_mb", "data.max_clip_seconds",
+             "features.sample_rate", "features.hop_length")
 _WISV_RULE = ("wisv.tau", "wisv.protocol", "wisv.max_rank")  # what a wisv-rule configuration decodes with
 STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "prepare": ("seed", "data"),

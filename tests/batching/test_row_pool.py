@@ -7,6 +7,7 @@ import torch
 
 from speccap.batching.row_pool import RowPool, batchable
 from speccap.models import language_mask
+from speccap.models.thinker import PromptCache
 
 from ..models.conftest import tiny_lm
 
@@ -72,3 +73,21 @@ def test_row_lengths_and_seconds_follow_every_step():
     pool.release(rows[2])
     assert pool.lengths == [int(n) for n in pool.cache.lengths]
     assert pool.seconds["run"] > 0 and pool.steps == 2 and pool.asked == 4
+
+
+def test_with_kept_prompts_a_row_starts_from_the_bits_its_clip_has_alone():
+    lm = tiny_lm("qwen2_5_omni")
+    clips = _features()
+    alone = [lm.start(f, lang) for f, lang in clips]
+    lm.prompts = PromptCache(2**20)
+    pool = RowPool(lm, rows=4)
+    for _ in range(2):  # computed alone the first time, kept the second
+        rows = pool.prefill([(f, lang, False) for f, lang in clips])
+        for got, want in zip(rows, alone):
+            assert torch.equal(got.prefill_logits, want.prefill_logits)
+            # the row holds the clip's prompt: it extends as the clip's own session does
+            have = pool.run([(got.row, [5, 6, 7])])[0][0]
+            torch.testing.assert_close(have, want.extend([5, 6, 7]).logits, atol=1e-5, rtol=1e-5)
+            want.rollback(3)
+            pool.release(got.row)
+    assert (lm.prompts.misses, lm.prompts.hits) == (3, 3)

@@ -11,6 +11,7 @@ from speccap.batching import row_pool
 from speccap.batching.lockstep import decode_all
 from speccap.batching.row_pool import RowPool
 from speccap.batching.step_graphs import MAX_TOKENS, Invariant, StepGraphs
+from speccap.models import thinker
 
 from ..models.conftest import tiny_lm
 
@@ -98,8 +99,9 @@ def test_under_batch_invariant_stepping_a_caption_is_decoded_alone_as_in_a_batch
     lm = tiny_lm("qwen2_5_omni")
     prefilled = []
     real = row_pool.prefill
-    monkeypatch.setattr(row_pool, "prefill", lambda m, clips, hidden=False: prefilled.append(len(clips))
-                        or real(m, clips, hidden))
+    counted = lambda m, clips, hidden=False: prefilled.append(len(clips)) or real(m, clips, hidden)  # noqa: E731
+    monkeypatch.setattr(row_pool, "prefill", counted)  # a batch's prefill
+    monkeypatch.setattr(thinker, "prefill", counted)  # a prompt alone
     fn = lambda e, c, clip: cloud_only(c, clip[0], clip[1], Link(LinkConfig()), 24).token_ids  # noqa: E731
     inv = Invariant(4, 512)
     alone = decode_all(lm, lm, fn, _clips(4), 1, invariant=inv)

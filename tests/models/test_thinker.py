@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from speccap.models.base import shared_vocab
-from speccap.models.thinker import audio_token_count
+from speccap.models.thinker import PromptCache, audio_token_count
 
 from .conftest import VOCAB, tiny_lm
 
@@ -93,3 +93,44 @@ def test_audio_tokens_grow_with_frames(family):
     lm = tiny_lm(family)
     counts = [audio_token_count(lm.model, n) for n in (100, 200, 400)]
     assert counts[0] < counts[1] < counts[2]
+
+
+def _prompt_bits(s):
+    return [s.prefill_logits, *(t for layer in s.cache.layers for t in (layer.keys, layer.values))]
+
+
+def test_a_kept_prompt_starts_a_session_with_the_bits_of_its_own_prefill(family, mel):
+    lm = tiny_lm(family)
+    alone = lm.start(mel, "en", hidden=True)
+    lm.prompts = PromptCache(2**20)
+    first, second = lm.start(mel, "en", hidden=True), lm.start(mel.copy(), "en", hidden=True)
+    assert (lm.prompts.misses, lm.prompts.hits) == (1, 1)  # the same features by content, not by object
+    for s in (first, second):
+        assert all(torch.equal(a, b) for a, b in zip(_prompt_bits(s), _prompt_bits(alone), strict=True))
+        assert torch.equal(s.prefill_hidden, alone.prefill_hidden) and s.prompt_len == alone.prompt_len
+    # a session extends and rolls back tensors of its own: the kept prompt, and a session from it, stay
+    want = alone.extend(TOKENS).logits
+    assert torch.equal(first.extend(TOKENS).logits, want)
+    first.rollback(4)
+    third = lm.start(mel, "en", hidden=True)
+    assert torch.equal(third.extend(TOKENS).logits, want) and torch.equal(second.extend(TOKENS).logits, want)
+
+
+def test_prompts_are_kept_per_clip_language_and_hidden_within_their_bytes(mel):
+    lm = tiny_lm("qwen2_5_omni")
+    lm.prompts = PromptCache(2**20)
+    other = mel.copy()
+    other[0, 0] += 1.0
+    for f, lang, hidden in [(mel, "en", False), (other, "en", False), (mel, "zh", False), (mel, "en", True)]:
+        lm.start(f, lang, hidden)
+    assert (lm.prompts.misses, lm.prompts.hits) == (4, 0)
+    one = lm.prompts.get(lm, mel, "en").nbytes
+    assert lm.prompts.nbytes == sum(p.nbytes for p in lm.prompts._kept.values()) and one > 0
+    lm.prompts = PromptCache(one + 1)  # room for one: the least recently used goes
+    lm.start(mel, "en")
+    lm.start(other, "en")
+    lm.start(other, "en")
+    lm.start(mel, "en")
+    assert (lm.prompts.misses, lm.prompts.hits) == (3, 1) and len(lm.prompts._kept) == 1
+    with pytest.raises(ValueError, match="max_bytes"):
+        PromptCache(0)

@@ -292,19 +292,25 @@ def test_a_batched_worker_writes_the_records_of_a_single_one(tiny_project, tmp_p
     per_call = {"prefill": [1e-3, 1e-5], "extend": [2e-4, 5e-5, 1e-7]}
     raw["decode"]["cost"] = {"edge": per_call, "cloud": per_call}
     records = {}
-    # (batch, sweep.invariant_rows): batch-invariant stepping runs a batch of 1 through the executor too
-    for batch, rows in ((1, 0), (2, 0), (1, 4), (2, 4)):
-        raw["sweep"]["batch"], raw["sweep"]["invariant_rows"] = batch, rows
-        path = tmp_path / f"params{batch}-{rows}.yaml"
+    # (batch, sweep.invariant_rows, sweep.prompt_cache_mb): batch-invariant stepping runs a batch of 1
+    # through the executor too; kept prompts are each computed alone, as the one-at-a-time worker's
+    for batch, rows, kept in ((1, 0, 0), (2, 0, 0), (2, 0, 1), (1, 4, 1), (2, 4, 1)):
+        raw["sweep"]["batch"], raw["sweep"]["invariant_rows"], raw["sweep"]["prompt_cache_mb"] = batch, rows, kept
+        path = tmp_path / f"params{batch}-{rows}-{kept}.yaml"
         path.write_text(yaml.safe_dump(raw))
         stage = load_params(str(path))
         pool = Pool.for_stage(stage, str(path), "decode")
         assert pool.lockstep == (batch > 1 or rows > 0)
         ugsd = dict(gate="entropy", threshold=1.0, block_len=2, rule="rank", rank=2)
         for cfg in (RunConfig("edge", "en"), ugsd_config(stage, "en", **ugsd), ugsd_config(stage, "en", **ugsd, in_flight=2)):
-            made = run_config(cfg, eval_clips(params, "en"), pool, tmp_path / f"{batch}-{rows}-{cfg.name}.jsonl")
-            records[batch, rows, cfg.name] = [{k: v for k, v in r.items() if k not in
+            made = run_config(cfg, eval_clips(params, "en"), pool, tmp_path / f"{batch}-{rows}-{kept}-{cfg.name}.jsonl")
+            records[batch, rows, kept, cfg.name] = [{k: v for k, v in r.items() if k not in
                                                ("wall_time", "model_time", "cpu_percent", "ram_gb")} for r in made]
+        edge, cloud = workers.worker().edge, workers.worker().cloud
+        assert (edge.prompts is not None) == (cloud.prompts is not None) == bool(kept)
+        if kept:  # the edge decodes every clip in all three configurations, the cloud in two: each
+            # clip's prompt computed once per model
+            assert edge.prompts.hits == 2 * edge.prompts.misses > 0 and cloud.prompts.hits == cloud.prompts.misses
         ex = workers.stepped(batch)[0] if pool.lockstep else None
         if batch > 1:  # the edge's forwards really were shared
             assert any(p.asked > p.steps for p in ex.pools)
@@ -312,9 +318,9 @@ def test_a_batched_worker_writes_the_records_of_a_single_one(tiny_project, tmp_p
             inv = ex.invariant
             assert inv is not None and inv.rows == rows and all(p.rows == rows for p in ex.pools)
             assert all(set(p.graphs.graphs) == {(rows, MAX_TOKENS)} for p in ex.pools if p.steps)
-    for (_, _, name), recs in records.items():
+    for (_, _, _, name), recs in records.items():
         assert all("error" not in r for r in recs), recs
-        assert recs == records[1, 0, name]
+        assert recs == records[1, 0, 0, name]
 
 
 def test_batch_invariant_rows_must_hold_the_batch():

@@ -25,7 +25,7 @@ import torch
 from ..models import fast_step
 from ..models.base import AudioLM
 from ..models.language_mask import BLOCKED_LOGIT
-from ..models.thinker import ThinkerLM, prefill
+from ..models.thinker import Prompt, ThinkerLM, prefill
 from .batched_step import BatchedCache, BatchedStep
 from .step_graphs import MAX_TOKENS, Invariant, StepGraphs
 
@@ -111,23 +111,26 @@ class RowPool:
         What `ThinkerLM.start` computes for each clip alone, within float rounding; `hidden`: keep the
         last-layer state at the prompt's last position."""
         t0 = time.perf_counter()
-        clips = [(f, language) for f, language, _ in asks]
-        if self.invariant is None:
-            start = prefill(self.lm, clips, any(h for _, _, h in asks))
-            starts = [(start, i) for i in range(len(asks))]
-        else:  # a batch prefill's shapes follow the longest clip asking with it
-            starts = [(prefill(self.lm, [clip], h), 0) for clip, (_, _, h) in zip(clips, asks)]
+        if self.lm.prompts is not None or self.invariant is not None:
+            # each clip alone: kept prompts are computed alone, and a batch prefill's shapes follow
+            # the longest clip asking with it
+            get = self.lm.prompts.get if self.lm.prompts is not None else Prompt.alone
+            rows = [(get(self.lm, f, language, h), 0) for f, language, h in asks]
+        else:  # one forward for all, row i of it each
+            start = prefill(self.lm, [(f, language) for f, language, _ in asks], any(h for _, _, h in asks))
+            rows = [(Prompt(start.out.past_key_values, start.first_logits(self.lm, i),
+                            start.first_hidden(i) if h else None, start.lengths[i], start.deltas[i], start.blocked[i]), i)
+                    for i, (_, _, h) in enumerate(asks)]
         made = []
-        for (start, i), (_, _, want_hidden) in zip(starts, asks):
-            n = start.lengths[i]
-            row = self._free_row(n)
-            self.cache.load_row(row, start.out.past_key_values, start.deltas[i], source=i, length=n)
-            self.lengths[row] = n
+        for p, source in rows:
+            row = self._free_row(p.length)
+            self.cache.load_row(row, p.kv, p.delta, source=source, length=p.length)
+            self.lengths[row] = p.length
             self.blocked[row] = False
-            self.blocked[row, start.blocked[i]] = True
-            # copies: the batch's outputs are not kept alive by one session's first logits
-            made.append(Prefilled(row, start.first_logits(self.lm, i).clone(),
-                                  start.first_hidden(i).clone() if want_hidden else None, n, start.blocked[i]))
+            self.blocked[row, p.blocked] = True
+            # copies: neither a batch's outputs nor a kept prompt are one session's to hold or change
+            made.append(Prefilled(row, p.first_logits.clone(),
+                                  p.first_hidden.clone() if p.first_hidden is not None else None, p.length, p.blocked))
         self.seconds["prefill"] += time.perf_counter() - t0
         return made
 

@@ -9,7 +9,10 @@ depends on state the HF model keeps between calls (two sessions of one model can
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,6 +61,9 @@ class ThinkerLM(AudioLM):
         # sessions extend through models.fast_step where it applies (False: always HF's forward)
         self.use_fast_step = True
         self._fast: fast_step.FastStep | None | bool = None  # None: not decided yet; False: not supported
+        # prompts kept across the captions of one clip (a sweep decodes each clip once per configuration);
+        # None: every session prefills its own
+        self.prompts: PromptCache | None = None
 
     def fast(self) -> "fast_step.FastStep | None":
         """The lean decoding step over this model's weights, when it applies now. Whether the model
@@ -164,18 +170,79 @@ def prefill(lm: ThinkerLM, clips: list[tuple[np.ndarray, str]], hidden: bool = F
                    [lm.blocked_ids(language) for _, language in clips])
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """One clip's prompt forward, alone: its keys and values (a cache of batch one, never extended
+    in place: a session extends a copy), the first caption token's masked logits and, when asked
+    for, the last-layer state that drafts it."""
+
+    kv: object
+    first_logits: torch.Tensor
+    first_hidden: torch.Tensor | None
+    length: int
+    delta: int
+    blocked: torch.Tensor
+
+    @classmethod
+    def alone(cls, lm: ThinkerLM, features: np.ndarray, language: str, hidden: bool) -> Prompt:
+        start = prefill(lm, [(features, language)], hidden)
+        return cls(start.out.past_key_values, start.first_logits(lm, 0), start.first_hidden(0) if hidden else None,
+                   start.lengths[0], start.deltas[0], start.blocked[0])
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [t for layer in self.kv.layers for t in (layer.keys, layer.values)] + [self.first_logits]
+        return sum(t.numel() * t.element_size() for t in tensors + ([self.first_hidden] if self.first_hidden is not None
+                                                                        else []))
+
+
+class PromptCache:
+    """Prompts of one model kept across captions, least recently used dropped past `max_bytes`.
+    Each is computed alone, so a caption's prompt is the same bits whichever batch, process or
+    order asked for it first (and the same as a session's own): a sweep's configurations decode
+    the same clips, and every one after the first skips the audio encoder and prompt."""
+
+    def __init__(self, max_bytes: int):
+        if max_bytes <= 0:
+            raise ValueError(f"a prompt cache needs room: max_bytes = {max_bytes}")
+        self.max_bytes, self.nbytes = max_bytes, 0
+        self.hits = self.misses = 0
+        self._kept: OrderedDict[tuple, Prompt] = OrderedDict()
+
+    def get(self, lm: ThinkerLM, features: np.ndarray, language: str, hidden: bool = False) -> Prompt:
+        """The prompt of (features, language) for `lm` (its hidden state kept when `hidden`); shared:
+        callers copy what they extend."""
+        feats = np.ascontiguousarray(features, np.float32)
+        key = (hashlib.blake2b(feats.tobytes(), digest_size=16).digest(), feats.shape, language, bool(hidden),
+               lm.vocab_size)
+        if key in self._kept:
+            self.hits += 1
+            self._kept.move_to_end(key)
+            return self._kept[key]
+        self.misses += 1
+        made = Prompt.alone(lm, feats, language, hidden)
+        self._kept[key] = made
+        self.nbytes += made.nbytes
+        while self.nbytes > self.max_bytes and len(self._kept) > 1:
+            self.nbytes -= self._kept.popitem(last=False)[1].nbytes
+        return made
+
+
 class ThinkerSession(Session):
     @torch.inference_mode()
     def __init__(self, lm: ThinkerLM, features: np.ndarray, language: str, hidden: bool = False):
         self.lm = lm
         self.device = lm.device  # a walk over the parameters: once a session, not once a token
-        start = prefill(lm, [(features, language)], hidden)
-        self.cache = start.out.past_key_values
+        if lm.prompts is None:
+            start = Prompt.alone(lm, features, language, hidden)
+        else:  # the kept prompt's bits, in tensors of this session's own
+            start = copy.deepcopy(lm.prompts.get(lm, features, language, hidden))
+        self.cache = start.kv
         # the state that drafts the first caption token (what a token gate reads before it); asked
         # for only then: every layer's states over the whole prompt are collected to give it
-        self.prefill_hidden = start.first_hidden(0) if hidden else None
-        self.prompt_len, self.rope_delta, self.blocked = start.lengths[0], start.deltas[0], start.blocked[0]
-        self.prefill_logits = start.first_logits(lm, 0)
+        self.prefill_hidden = start.first_hidden
+        self.prompt_len, self.rope_delta, self.blocked = start.length, start.delta, start.blocked
+        self.prefill_logits = start.first_logits
 
     @property
     def length(self) -> int:

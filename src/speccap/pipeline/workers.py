@@ -29,6 +29,7 @@ from ..decoding.link import Link
 from ..decoding.relink import link_log
 from ..fanout import WorkerPool
 from ..metrics.system import ResourceMonitor
+from ..models.thinker import PromptCache, ThinkerLM
 from .saved import cached_head, load_gate
 from .sweep import RunConfig, link_config, models_fingerprint, relinkable
 
@@ -93,7 +94,15 @@ def _init_worker(params_path: str | None, threads: int) -> None:
     params = load_params(params_path)
     edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
     shared_vocab(edge, cloud)
+    keep_prompts(params, (edge, cloud))
     _PROCESS.update(worker=Worker(params, edge, cloud, {}), stepped={})
+
+
+def keep_prompts(params: Params, models) -> None:
+    """`sweep.prompt_cache_mb` of prompts kept per thinker of `models` (off at 0)."""
+    for lm in models:
+        if isinstance(lm, ThinkerLM):
+            lm.prompts = PromptCache(params.sweep.prompt_cache_mb * 2**20) if params.sweep.prompt_cache_mb else None
 
 
 def learned_gates(params: Params, cache: dict):
