@@ -127,6 +127,7 @@ def run(n_clips: int, batches: list[int], threads: int, calib_clips: int) -> dic
             for b, (records, cpu, wall, spent) in runs.items()]
     return {"command": portable_command(), "clips_per_language": n_clips, "threads": threads,
             "configurations": len(configs), "captions": captions, "cost_model": cost.coef, "rows": rows,
+            "prompt_cache_mb": params.sweep.prompt_cache_mb,
             "target": THROUGHPUT_TARGET, "python_target": PYTHON_TARGET, "best_ratio": max(r["ratio"] for r in rows)}
 
 
@@ -147,7 +148,10 @@ def markdown(r: dict) -> str:
         f"Made by `{r['command']}`: the decode stage's {r['configurations']} configurations on the first "
         f"{r['clips_per_language']} test clips per language ({r['captions']} captions per executor), through the "
         f"stage's worker job in one process at {r['threads']} torch thread(s). Every executor charges each model "
-        "call by one cost model calibrated in the same run (speccap.decoding.cost).",
+        "call by one cost model calibrated in the same run (speccap.decoding.cost). "
+        + (f"Both keep prompts across configurations as the stages do (`sweep.prompt_cache_mb: "
+           f"{r['prompt_cache_mb']}`): each clip's prompt is computed once per model, alone."
+           if r.get("prompt_cache_mb") else "Neither keeps prompts (`sweep.prompt_cache_mb: 0`)."),
         "",
         "| captions at once (B) | CPU s | wall s | captions per CPU-second | batched / single | captions equal | "
         "other record fields differ | forwards | prefills | loops' own |",

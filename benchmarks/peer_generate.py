@@ -9,7 +9,8 @@ For each B of `--batch`, on the first `--clips` test clips per language:
    (the ids the project's sessions block, models.language_mask), up to models.max_new_tokens;
 2. speccap: the decode stage's cloud-only configuration through the stage's own worker job
    (pipeline.workers: B = 1 the single executor, B > 1 the batching one), record, link model and
-   all; the features are read from disk per caption here, preloaded for transformers.
+   all; the features are read from disk per caption here, preloaded for transformers. No prompt is
+   kept between repeats (`sweep.prompt_cache_mb: 0`): each side prefills every clip every time.
 The two alternate `--repeats` times after a warm-up; clips per second is each side's median. Every
 caption is checked equal, clip by clip. Writes reports/peer_generate.{json,md}.
 """
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 from common import load_models, write_report
 from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -96,28 +99,38 @@ def run(n_clips: int, batches: list[int], threads: int, repeats: int) -> dict:
              for lang in params.data.languages for c in eval_clips(params, lang)[:n_clips]]
     jobs = [(configs[lang], cid) for cid, lang, _ in clips]
     rows = []
-    for b in batches:
-        sides = {"transformers": partial(hf_captions, cloud, clips, b, max_new),
-                 "speccap": partial(speccap_captions, Pool("params.yaml", workers=0, threads=threads, batch=b), jobs)}
-        times: dict[str, list[float]] = {side: [] for side in sides}
-        with torch.inference_mode():
-            for fn in sides.values():
-                fn()  # warm-up: first calls allocate
-            for _ in range(repeats):
-                for side, fn in sides.items():
-                    t0 = time.perf_counter()
-                    made = fn()
-                    times[side].append(time.perf_counter() - t0)
-                    if side == "transformers":
-                        peer = made
-                    else:
-                        mine = made
-        rate = {side: len(clips) / statistics.median(ts) for side, ts in times.items()}
-        differ = [{"clip": cid, "transformers": p, "speccap": m} for (cid, _, _), p, m in zip(clips, peer, mine) if p != m]
-        rows.append({"batch": b, "seconds": times, "clips_per_s": rate, "ratio": rate["speccap"] / rate["transformers"],
-                     "captions": len(clips), "captions_differ": len(differ), "differences": differ[:10]})
+    with tempfile.TemporaryDirectory() as tmp:  # a kept prompt would spare speccap's repeats their prefills
+        unkept = Path(tmp) / "params.yaml"
+        raw = yaml.safe_load(Path("params.yaml").read_text(encoding="utf-8"))
+        raw.setdefault("sweep", {})["prompt_cache_mb"] = 0
+        unkept.write_text(yaml.safe_dump(raw), encoding="utf-8")
+        for b in batches:
+            rows.append(_side_by_side(cloud, clips, jobs, b, max_new, threads, repeats, str(unkept)))
     return {"command": portable_command(), "threads": threads, "clips_per_language": n_clips, "repeats": repeats,
             "max_new_tokens": max_new, "cloud_parameters": cloud.num_parameters(), "rows": rows, "target": TARGET}
+
+
+def _side_by_side(cloud, clips, jobs, b: int, max_new: int, threads: int, repeats: int, params_file: str) -> dict:
+    """Both sides at B = `b`: each one's time per repeat, clips per second, captions compared."""
+    sides = {"transformers": partial(hf_captions, cloud, clips, b, max_new),
+             "speccap": partial(speccap_captions, Pool(params_file, workers=0, threads=threads, batch=b), jobs)}
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    with torch.inference_mode():
+        for fn in sides.values():
+            fn()  # warm-up: first calls allocate
+        for _ in range(repeats):
+            for side, fn in sides.items():
+                t0 = time.perf_counter()
+                made = fn()
+                times[side].append(time.perf_counter() - t0)
+                if side == "transformers":
+                    peer = made
+                else:
+                    mine = made
+    rate = {side: len(clips) / statistics.median(ts) for side, ts in times.items()}
+    differ = [{"clip": cid, "transformers": p, "speccap": m} for (cid, _, _), p, m in zip(clips, peer, mine) if p != m]
+    return {"batch": b, "seconds": times, "clips_per_s": rate, "ratio": rate["speccap"] / rate["transformers"],
+            "captions": len(clips), "captions_differ": len(differ), "differences": differ[:10]}
 
 
 def markdown(r: dict) -> str:
