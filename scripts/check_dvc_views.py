@@ -5,7 +5,7 @@ on a committed baseline (.ci/run does), and prints what it checks.
 - `dvc exp show --only-changed`: the changed params beside the headline metrics that moved (a
   speculative run's figure among them, and the changed dependencies' hashes), at most 40 columns in Markdown; in a 200-column terminal, with
   the hashes dropped (`--drop '.*/'`: every column named by a path), no column collapsed to an
-  ellipsis. (Plain `dvc exp show` lists every key of params.yaml, 231 of them, and every code
+  ellipsis. (Plain `dvc exp show` lists every key of params.yaml and every code
   dependency: DVC always shows the default params file whole, which no setting of a project changes.)
 - `dvc metrics diff`: a short table of what moved;
 - `dvc plots diff`: the data plots hold both revisions, each curve from its own run.
