@@ -185,8 +185,7 @@ class CostParams:
 class DecodeParams:
     temperature: Float = 0.0  # 0 = greedy drafting and generation
     rule: RuleName = "rank"
-    # R of the rank rule. The papers' R = 20 is for Qwen's 152k vocabulary; with the embedded
-    # ~1k vocabulary a draft token's cloud rank is almost never above 20, so R is 1-3 here.
+    # R of the rank rule (the papers' 20 is for Qwen's 152k vocabulary; 1-3 for the embedded ~1k one)
     rank: Count = 2
     gate: GateName = "entropy"  # never | always | entropy | margin | logprob
     threshold: Float = 1.0
@@ -300,11 +299,7 @@ class SweepParams:
     # N > 0: batch-invariant stepping (batching.step_graphs.Invariant), every step over N rows at one shape:
     # on a GPU a caption then does not depend on its batch (N >= 2 x batch: a loop may hold two sessions)
     invariant_rows: NonNeg = 0
-    # MiB of prompts (keys and values of the audio and prompt) each worker keeps per model: the
-    # configurations of a sweep decode the same clips, and a kept prompt skips the audio encoder. Each
-    # is computed alone, so batched captions start from a session's own prompt bits. 0: every caption
-    # prefills its own (size it to a stage's clips with real checkpoints: a 7B's prompt is tens of MB)
-    prompt_cache_mb: NonNeg = 256
+    prompt_cache_mb: NonNeg = 256  # prompts kept per model and worker, MiB (0: off; docs/decoding.md)
     runs_dir: str = "reports/runs"
     # Q-S next to speculative sampling, every block verified, at this temperature: one configuration
     # per lattice level (0 = the adaptive policy choosing L and level per round) plus the dense baseline
