@@ -4,6 +4,8 @@ stand-in with the library's call shapes, scripted to be busy only between a bloc
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import threading
 import time
 
@@ -86,3 +88,14 @@ def test_a_caption_monitor_reports_the_sampled_gpu_where_nvml_sees_one(monkeypat
     s = mon.summary()
     assert s["gpu_percent"] == 50.0 and s["gpu_memory_gb"] >= 2 and s["cpu_percent"] >= 0
     assert mon.gpu_summary() == {k: v for k, v in s.items() if k.startswith("gpu_")}
+
+
+def _handle_pid(_):
+    return system.this_process().pid, os.getpid()
+
+
+def test_a_process_keeps_one_psutil_handle_and_a_forked_child_makes_its_own():
+    assert system.this_process() is system.this_process() and system.this_process().pid == os.getpid()
+    with mp.get_context("fork").Pool(1) as pool:  # the parent's handle already made, inherited
+        handle, pid = pool.map(_handle_pid, [0])[0]
+    assert handle == pid != os.getpid()

@@ -135,22 +135,40 @@ def gpu_sampler() -> GpuSampler | None:
     return _SAMPLER
 
 
+_PROCESS: dict[int, psutil.Process] = {}
+
+
+def this_process() -> psutil.Process:
+    """This process's psutil handle, made once per process (making one reads /proc: a caption's
+    monitor opens and closes once per caption)."""
+    pid = os.getpid()
+    if pid not in _PROCESS:  # a forked child gets a handle of its own
+        _PROCESS.clear()
+        _PROCESS[pid] = psutil.Process(pid)
+    return _PROCESS[pid]
+
+
+def _cpu_seconds() -> float:
+    """User and system CPU seconds of this process, every thread (a system call, no /proc read)."""
+    t = os.times()
+    return t.user + t.system
+
+
 class ResourceMonitor:
     """CPU % of this process over the block (all cores: 200 % = two busy cores), peak RSS, and the GPU's
     mean utilisation and peak memory sampled through the block where there is one."""
 
     def __enter__(self):
-        self.proc = psutil.Process()
+        self.proc = this_process()
         self.t0 = time.perf_counter()
-        self.cpu0 = self.proc.cpu_times()
+        self.cpu0 = _cpu_seconds()
         self.sampler = gpu_sampler()
         self.gpu = self.sampler.open() if self.sampler else None
         return self
 
     def __exit__(self, *exc):
         dt = max(time.perf_counter() - self.t0, 1e-9)
-        cpu1 = self.proc.cpu_times()
-        busy = (cpu1.user - self.cpu0.user) + (cpu1.system - self.cpu0.system)
+        busy = _cpu_seconds() - self.cpu0
         self._summary = {"cpu_percent": 100.0 * busy / dt, "ram_gb": self.proc.memory_info().rss / 1e9}
         if self.gpu is not None:
             self._summary.update(self.sampler.close(self.gpu))
