@@ -299,7 +299,7 @@ class SweepParams:
     # N > 0: batch-invariant stepping (batching.step_graphs.Invariant), every step over N rows at one shape:
     # on a GPU a caption then does not depend on its batch (N >= 2 x batch: a loop may hold two sessions)
     invariant_rows: NonNeg = 0
-    prompt_cache_mb: NonNeg = 256  # prompts kept per model and worker, MiB (0: off; docs/decoding.md)
+    prompt_cache_mb: NonNeg = 0  # prompts kept per model and worker, MiB (0: off; docs/decoding.md)
     runs_dir: str = "reports/runs"
     # Q-S next to speculative sampling, every block verified, at this temperature: one configuration
     # per lattice level (0 = the adaptive policy choosing L and level per round) plus the dense baseline
