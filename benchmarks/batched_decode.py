@@ -1,7 +1,7 @@
 """The batching executor (speccap.batching.lockstep) beside the single one, on the decode stage's
 configurations, in one run.
 
-    python benchmarks/batched_decode.py [--clips 50] [--batch 8 32] [--threads 1]   # where the pipeline ran
+    python benchmarks/batched_decode.py [--clips 50] [--batch 8 32] [--threads 1] [--prompt-cache-mb N]   # where the pipeline ran
 
 1. Calibrate the cost model on a few train clips (speccap.decoding.cost): both executors charge every
    model call by it, so their records compare field for field.
@@ -42,10 +42,12 @@ PYTHON_TARGET = 0.15  # the issue's: the loops' own share of batched time, at mo
 UNSHARED = {"wall_time", "model_time", "cpu_percent", "ram_gb"}
 
 
-def _params_with(base: Path, cost: dict, batch: int, out: Path) -> Path:
+def _params_with(base: Path, cost: dict, batch: int, out: Path, prompt_cache_mb: int | None = None) -> Path:
     raw = yaml.safe_load(base.read_text(encoding="utf-8"))
     raw.setdefault("decode", {})["cost"] = cost
     raw.setdefault("sweep", {})["batch"] = batch
+    if prompt_cache_mb is not None:
+        raw["sweep"]["prompt_cache_mb"] = prompt_cache_mb
     out.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return out
 
@@ -106,9 +108,10 @@ def _compare(single: dict, batched: dict, languages: dict, edge, cloud, params) 
             "records_differ_with_equal_captions": records_differ, "differences": differ}
 
 
-def run(n_clips: int, batches: list[int], threads: int, calib_clips: int) -> dict:
+def run(n_clips: int, batches: list[int], threads: int, calib_clips: int, prompt_cache_mb: int | None = None) -> dict:
     params_path = Path("params.yaml")
     params = load_params(params_path)
+    kept = params.sweep.prompt_cache_mb if prompt_cache_mb is None else prompt_cache_mb
     edge, cloud = load_models(params, threads)
     cost, _ = calibrate({"edge": edge, "cloud": cloud}, _calibration_clips(params, calib_clips))
     configs = build_configs(params)
@@ -116,7 +119,7 @@ def run(n_clips: int, batches: list[int], threads: int, calib_clips: int) -> dic
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for b in (1, *batches):
-            runs[b] = _decode(_params_with(params_path, cost.coef, b, Path(tmp) / f"params{b}.yaml"), b, threads,
+            runs[b] = _decode(_params_with(params_path, cost.coef, b, Path(tmp) / f"params{b}.yaml", kept), b, threads,
                               configs, clips)
     captions = len(runs[1][0])
     single = captions / runs[1][1]
@@ -127,7 +130,7 @@ def run(n_clips: int, batches: list[int], threads: int, calib_clips: int) -> dic
             for b, (records, cpu, wall, spent) in runs.items()]
     return {"command": portable_command(), "clips_per_language": n_clips, "threads": threads,
             "configurations": len(configs), "captions": captions, "cost_model": cost.coef, "rows": rows,
-            "prompt_cache_mb": params.sweep.prompt_cache_mb,
+            "prompt_cache_mb": kept,
             "target": THROUGHPUT_TARGET, "python_target": PYTHON_TARGET, "best_ratio": max(r["ratio"] for r in rows)}
 
 
@@ -149,8 +152,8 @@ def markdown(r: dict) -> str:
         f"{r['clips_per_language']} test clips per language ({r['captions']} captions per executor), through the "
         f"stage's worker job in one process at {r['threads']} torch thread(s). Every executor charges each model "
         "call by one cost model calibrated in the same run (speccap.decoding.cost). "
-        + (f"Both keep prompts across configurations as the stages do (`sweep.prompt_cache_mb: "
-           f"{r['prompt_cache_mb']}`): each clip's prompt is computed once per model, alone."
+        + (f"Both keep prompts across configurations (`sweep.prompt_cache_mb: {r['prompt_cache_mb']}`; "
+           "off in the stages by default): each clip's prompt is computed once per model, alone."
            if r.get("prompt_cache_mb") else "Neither keeps prompts (`sweep.prompt_cache_mb: 0`)."),
         "",
         "| captions at once (B) | CPU s | wall s | captions per CPU-second | batched / single | captions equal | "
@@ -190,9 +193,10 @@ def main() -> None:
                     help="captions at once in the batching executor (each beside the single one)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--calibration-clips", type=int, default=4, help="train clips per language timed for the cost model")
+    ap.add_argument("--prompt-cache-mb", type=int, help="sweep.prompt_cache_mb for both executors (default: params')")
     ap.add_argument("--out", type=Path, default=Path("reports/batched_decode"))
     args = ap.parse_args()
-    r = run(args.clips, args.batch, args.threads, args.calibration_clips)
+    r = run(args.clips, args.batch, args.threads, args.calibration_clips, args.prompt_cache_mb)
     write_report(args.out, r, markdown)
 
 
