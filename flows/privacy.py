@@ -48,10 +48,12 @@ def privacy_flow(params_path: str | None = None) -> dict:
     key = f"privacy-{params.privacy.clips}-{params.privacy.train_clips}"
     with tracker.sweep(key, {"privacy": params.privacy.__dict__}, {"sweep_key": key, "stage": "privacy"}) as parent:
         for w in result["wires"]:
-            tracker.log_config(parent, f"{key}-{w['rows']}-{w['merge']}-{w['normalize']}", w["name"],
+            learned = {"learned_encoder": w["digest"]} if "learned" in w else {}  # rows, not bands
+            tracker.log_config(parent, f"{key}-{w['rows']}-{w['merge']}-{w['normalize']}"
+                               + (f"-{w['digest']}" if learned else ""), w["name"],
                                {"representation": w["name"], "bands": w["rows"], "merge": w["merge"],
-                                "normalize": w["normalize"], "hop": w["hop"] * w["merge"], "sent_today": w["sent"]},
-                               _metrics(w))
+                                "normalize": w["normalize"], "hop": w["hop"] * w["merge"], "sent_today": w["sent"],
+                                **learned}, _metrics(w))
         tracker.log_artifacts(parent, [OUT / "privacy.md", OUT / "privacy.png", OUT / "privacy.json"])
     return {"clips": result["clips"], "stoi": {w["name"]: round(w["stoi"]["value"], 3) for w in result["wires"]},
             "target_met": [w["name"] for w in result["wires"] if target_met(w)]}

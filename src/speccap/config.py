@@ -91,7 +91,10 @@ def _validate(p: Params) -> None:
             raise ConfigError(f"params keys models.{role}.size: text_hidden must divide by text_heads, "
                               "and text_heads by text_kv_heads")
     u = p.uplink
-    if (u.bands is not None or u.merge > 1 or u.normalize != "none") and m.cloud.backend != "embedded":
+    if u.learned is not None and u.bands is not None:
+        raise ConfigError(f"params key uplink.bands: {u.bands} pooled bands and a learned encoder exclude each other "
+                          "(the encoder sends uplink.learned.rows values per frame); set bands to null")
+    if (u.bands is not None or u.merge > 1 or u.normalize != "none" or u.learned) and m.cloud.backend != "embedded":
         raise ConfigError(f"params key uplink: a {m.cloud.backend} cloud checkpoint reads the plain log-mel; a coarser "
                           "uplink needs a cloud trained on it (models.cloud.backend embedded), or uplink's defaults")
     if u.bands is not None and u.bands > p.features.n_mels:

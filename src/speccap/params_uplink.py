@@ -3,17 +3,29 @@ measures what it reveals."""
 
 from __future__ import annotations
 
-from .params_types import Count, Normalize, params_class
+from .params_types import Count, NonNegFloat, Normalize, params_class
+
+
+@params_class
+class LearnedUplinkParams:
+    """An encoder on the edge trained with the cloud (speccap.models.learned_uplink); `uplink.merge` and
+    `uplink.normalize` apply to what it sends."""
+
+    rows: Count = 16  # values sent per frame
+    hidden: Count = 64  # the encoder's inner channels (its cost on the edge)
+    adversary: NonNegFloat = 0.0  # reversed-gradient weight of a speaker classifier on what is sent (0: none)
 
 
 @params_class
 class UplinkParams:
     """What the edge sends the cloud in place of the audio (speccap.data.uplink): the log-mel, or a
-    coarser view of it the cloud is trained on. null bands, merge 1, normalize none: the log-mel."""
+    coarser view of it the cloud is trained on, or a learned encoding (`learned`). null bands, merge 1,
+    normalize none, learned null: the log-mel."""
 
     bands: Count | None = None  # mel bands pooled into this many (null: all of features.n_mels)
     merge: Count = 1  # frames averaged into one
     normalize: Normalize = "none"  # clip: each band's mean and spread over the clip removed
+    learned: LearnedUplinkParams | None = None  # an encoder learned with the cloud instead of pooled bands
 
 
 @params_class

@@ -1,5 +1,7 @@
+import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -7,8 +9,12 @@ import pytest
 from speccap.cli import main
 from speccap.data.featurize import load_clip_features
 from speccap.data.manifest import manifest_path, read_manifest
+from speccap.decoding.engine import cloud_only
+from speccap.decoding.link import Link
+from speccap.models.captioners import train_captioners
 from speccap.models.generate import generate
 from speccap.models.loading import load_role
+from speccap.params_uplink import LearnedUplinkParams, UplinkParams
 
 
 def test_train_stage_writes_both_captioners_and_the_tokenizer(tiny_project):
@@ -157,3 +163,36 @@ def test_a_cloud_trained_on_a_coarse_uplink_reads_what_the_edge_sends(tiny_proje
     assert main(["--params", str(coarse_file), "caption", wav, "--mode", "cloud", "--json"]) == 0
     assert spec["caption"] == json.loads(capsys.readouterr().out)["caption"]  # always + greedy = cloud-only
     assert np.isfinite(spec["bytes_up"]) and spec["bytes_up"] < 2 * 128 * mel.shape[1]
+
+
+@pytest.mark.e2e
+def test_a_cloud_trained_with_a_learned_uplink_ships_its_encoder_with_the_edge(tiny_project, tmp_path):
+    """uplink.learned: the encoder trains with the cloud (and a speaker adversary), is saved beside the
+    cloud and shipped with the edge model, names itself by digest, and is what every caption path
+    sends; the edge's seconds include it. Training again on the log-mel takes it away."""
+    params, _, _ = tiny_project
+    models = tmp_path / "models"
+    shutil.copytree(params.models.dir, models)
+    learned = dataclasses.replace(params, uplink=UplinkParams(None, 4, "clip", LearnedUplinkParams(8, 16, 0.5)),
+                                  models=dataclasses.replace(params.models, dir=str(models)))
+    report = train_captioners(learned, progress=False, roles=("cloud",))
+    assert report["cloud"]["uplink"]["learned"] == {"n_mels": 128, "rows": 8, "hidden": 16, "merge": 4,
+                                                    "normalize": "clip"}
+    assert report["cloud"]["uplink_parameters"] == 128 * 16 * 3 + 16 + 16 * 8 * 4 + 8
+    cloud, edge = load_role(learned, "cloud"), load_role(learned, "edge")
+    assert cloud.uplink.learned and edge.sends == cloud.uplink and edge.uplink.identity
+    assert cloud.model.config.audio_config.num_mel_bins == 8
+    assert not any(k.startswith("_") for k in cloud.model.state_dict())  # the training aids left no weights
+    rec = read_manifest(manifest_path(params.data.processed_dir, "test", "en"))[0]
+    mel, _ = load_clip_features(params.data.processed_dir, rec["id"])
+    got = cloud_only(cloud, mel, "en", Link(params.link), 4)
+    assert [p["bytes"] for p in got.packets if p["kind"] == "features"] == [12 + 8 + 2 * 8 * -(-mel.shape[1] // 4)]
+    assert got.edge_compute > 0 and got.cloud_compute > 0
+    # the same settings train the same encoder: the digest is reproducible
+    digest = cloud.uplink.digest
+    shutil.rmtree(models / "cloud")
+    train_captioners(learned, progress=False, roles=("cloud",))
+    assert load_role(learned, "cloud").uplink.digest == digest
+    train_captioners(dataclasses.replace(learned, uplink=UplinkParams()), progress=False, roles=("cloud",))
+    assert load_role(learned, "cloud").uplink.identity and not load_role(learned, "edge").sends.learned
+    assert not (models / "edge" / "uplink").exists() and not (models / "cloud" / "uplink_encoder.safetensors").exists()

@@ -1,12 +1,18 @@
 """What the uplink reveals (pipeline.privacy, pipeline.privacy_report), on real TTS speech."""
 
+import dataclasses
+
 import numpy as np
 import pytest
+import torch
 
 from speccap.config import params_from_dict
 from speccap.data.audio_io import read_audio
 from speccap.data.manifest import manifest_path, read_manifest
 from speccap.data.uplink import Uplink
+from speccap.models.learned_uplink import EncoderShape, LearnedUplink, UplinkEncoder
+from speccap.models.loading import ModelLoadError
+from speccap.params_uplink import LearnedUplinkParams, UplinkParams
 from speccap.pipeline.privacy import (
     ATTACKERS,
     SHIFT_S,
@@ -16,6 +22,7 @@ from speccap.pipeline.privacy import (
     fit_inverter,
     invert,
     levels,
+    measure,
     rebuild,
     spread_back,
     stoi,
@@ -23,7 +30,7 @@ from speccap.pipeline.privacy import (
     voice_id,
     wires,
 )
-from speccap.pipeline.privacy_report import render, target_met
+from speccap.pipeline.privacy_report import plot, render, target_met
 
 SR, N_FFT = 16000, 400
 
@@ -191,3 +198,29 @@ def test_the_equal_error_rate_of_pairs_and_of_posteriors():
     told = verification({"sharp": sharp, "noise": noise}, speakers, seed=0)
     assert told["eer_attacker"] == "sharp" and told["eer"]["value"] == 0.0 and told["eer"]["n"] == len(speakers)
     assert 30 < told["eer_by_attacker"]["noise"] < 70  # posteriors that know nothing: near chance
+
+
+def test_a_learned_uplink_the_edge_sends_is_measured_by_the_learned_attackers(tiny_project, tmp_path):
+    """uplink.learned: the stage reads the encoder trained with the cloud; the learned inverter rebuilds
+    speech from its rows (no bands to spread back), and the voice classifiers retrain on them."""
+    params, _, _ = tiny_project
+    torch.manual_seed(0)
+    learned = LearnedUplink.trained(UplinkEncoder(EncoderShape(128, 8, 16, 4, "clip")))
+    learned.save(tmp_path / "models" / "cloud")
+    p = dataclasses.replace(params, uplink=UplinkParams(None, 4, "clip", LearnedUplinkParams(8, 16)),
+                            models=dataclasses.replace(params.models, dir=str(tmp_path / "models")),
+                            privacy=dataclasses.replace(params.privacy, clips=1, candidates=(UplinkParams(8),)))
+    sent = wires(p)[0]
+    assert sent.sent and sent.uplink == learned and sent.name.startswith("learned 8 rows")
+    r = measure(p, workers=0)
+    w = r["wires"][0]
+    assert w["learned"]["rows"] == 8 and w["digest"] == learned.digest and (w["merge"], w["normalize"]) == (4, "clip")
+    assert list(w["stoi_by_attacker"]) == [ATTACKERS[1]] and 0 < w["stoi"]["value"] < 1
+    assert w["bytes_per_second"] == 2 * 8 * SR / (320 * 4) and w["voice_id"]["measured"]
+    assert list(r["wires"][1]["stoi_by_attacker"]) == list(ATTACKERS)  # the pooled candidate, both attackers
+    md = render(r)
+    assert "no bands to spread" in md and f"learned 8 rows, hop 1280, clip-normalised ({learned.digest})" in md
+    plot(r, tmp_path / "privacy.png")
+    (tmp_path / "models" / "cloud" / "uplink_encoder.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="uplink_encoder.safetensors: missing"):
+        wires(p)

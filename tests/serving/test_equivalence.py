@@ -3,9 +3,13 @@
 import copy
 
 import pytest
+import torch
 
 from speccap.data.uplink import Uplink
+from speccap.decoding import packets
 from speccap.decoding.engine import edge_only, speculative
+from speccap.models.learned_uplink import EncoderShape, LearnedUplink, UplinkEncoder
+from speccap.serving.client import CloudRefused
 from speccap.serving.edge import caption_remote, check_compatible
 
 from ..models.conftest import tiny_lm
@@ -116,3 +120,47 @@ def test_a_cloud_on_a_coarse_uplink_gets_the_same_view_over_the_network(pair, cl
             assert [p["bytes"] for p in ref.packets if p["kind"] == "features"] == [12 + 8 + 2 * wire.size]
     plain = caption_remote(edge, client, {**info, "uplink": {}}, clips[0][1], "en", settings(), link())
     assert plain.network["fallback"] > 0 and "128 mel bands, the model takes 16" in plain.network["fallback_reasons"][0]
+
+
+def test_a_learned_uplink_runs_alike_in_process_and_over_the_network(pair, clips, serve, client_for, tmp_path):
+    """A cloud reading a learned encoder's output (16 rows, 3 frames merged): the edge computes it with
+    the encoder shipped with it, and the captions, rounds and bytes equal the in-process loop's. An edge
+    without that encoder refuses to start; features sent through another encoder are refused by name."""
+    torch.manual_seed(3)
+    learned = LearnedUplink.trained(UplinkEncoder(EncoderShape(128, 16, 24, 3, "clip")))
+    cloud = tiny_lm("qwen2_5_omni", seed=2, n_mels=16)
+    cloud.uplink = learned
+    edge = copy.copy(pair[0])
+    edge.sends = LearnedUplink.load(*_saved(learned, tmp_path))
+    client = client_for(serve(lm=cloud))
+    info = client.info()
+    assert info["uplink"] == learned.to_dict() and info["n_mels"] == 16
+    for case in CASES[:2]:
+        for _, mel in clips:
+            ref = speculative(edge, cloud, mel, "en", settings(**copy.deepcopy(case)), link())
+            got = caption_remote(edge, client, info, mel, "en", settings(**copy.deepcopy(case)), link())
+            assert got.token_ids == ref.token_ids and got.rounds == ref.rounds and got.rounds > 0
+            assert _packets(got) == _packets(ref)
+            sent = [p["bytes"] for p in got.packets if p["kind"] == "features"]
+            assert sent == [12 + 16 + 12 + 8 + 2 * 16 * -(-mel.shape[1] // 3)]
+            assert got.edge_compute > 0 and ref.edge_compute > 0  # the encoder ran on the edge, both ways
+    check_compatible(edge, info)
+    for other in (pair[0], copy.copy(pair[0])):  # no encoder shipped, and another one
+        if other is not pair[0]:
+            torch.manual_seed(4)
+            other.sends = LearnedUplink.trained(UplinkEncoder(EncoderShape(128, 16, 24, 3, "clip")))
+        with pytest.raises(ValueError, match=f"reads learned uplink encoder {learned.digest}, this edge ships "):
+            check_compatible(other, info)
+        with pytest.raises(ValueError, match="deploy the edge and cloud of one `train` run"):
+            caption_remote(other, client, info, clips[0][1], "en", settings(), link())
+    packet = packets.open_packet(learned.encode(clips[0][1]), "en", "rank", 1, 1.0, 0, "float16", "float16")
+    for name in ("", "0123456789ab"):
+        with pytest.raises(CloudRefused, match=f"uplink encoder {name or '.none named.'}, the model reads learned "
+                                               f"uplink encoder {learned.digest}"):
+            client.open(packet, name)
+
+
+def _saved(uplink: LearnedUplink, folder) -> tuple:
+    """What an edge loads its shipped encoder from: the folder and its description, as written."""
+    uplink.save(folder)
+    return folder, uplink.to_dict()

@@ -16,6 +16,7 @@ has always sent.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -29,6 +30,8 @@ class Uplink:
     bands: int | None = None  # None: every mel band of the features
     merge: int = 1  # frames averaged into one
     normalize: Normalize = "none"
+    learned: ClassVar[bool] = False  # a hand-made view (speccap.models.learned_uplink: a learned one)
+    digest: ClassVar[str] = ""  # what names a learned encoder's weights; a view is named by its fields
 
     def __post_init__(self):
         if self.bands is not None and self.bands < 1:

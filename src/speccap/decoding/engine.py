@@ -51,7 +51,7 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
     rng = np.random.default_rng(seed) if temperature > 0 else None
     books = Ledger(method, cost)
     bits = packets.id_bits(lm.vocab_size)
-    features = lm.wire(features)  # what the model reads: for a cloud, what the edge sends it
+    features = books.sent(lm.uplink, features)  # what the model reads: for a cloud, what the edge sends it
     role = "edge" if link is None else "cloud"
     with ResourceMonitor() as mon:
         if link is not None:

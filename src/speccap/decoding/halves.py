@@ -172,7 +172,7 @@ class CloudHalf(Transport):
     def __init__(self, lm: AudioLM, features, language: str, s: SpecSettings, books: Ledger):
         super().__init__(s.rule, books)
         self.s, self.language = s, language
-        self.features = lm.wire(features)  # what the edge sends for the clip's log-mel `features`
+        self.features = books.sent(lm.uplink, features)  # what the edge sends for the clip's log-mel `features`
         self.session = CloudSession(lm, self.features, language, s.rule, s.seed, s.cloud_cache)
         self.session.keep_hidden |= s.trace_hidden
         self._verdict = None  # the round's verdict, reached in `verify` (WISV's question included)

@@ -166,9 +166,9 @@ class Ledger:
         rec = self.rec
         rec.prefill_time = dt
         if role == "edge":
-            rec.edge_compute = dt
+            rec.edge_compute += dt  # after a learned uplink's encoder (`sent`), if it ran first
         else:
-            rec.cloud_compute = dt
+            rec.cloud_compute += dt
             rec.cloud_tokens = session.prompt_len
         rec.prompt_tokens = session.prompt_len
         return session
@@ -182,6 +182,20 @@ class Ledger:
         else:
             self.rec.cloud_compute += dt
             self.rec.cloud_tokens += work.new
+        return out
+
+    def sent(self, uplink, features):
+        """What the edge sends the cloud for the clip's log-mel `features` through `uplink`. A learned
+        encoder (speccap.models.learned_uplink) is a network on the edge: its measured seconds are the
+        edge's compute, on the clock, with a cost model too (the model fits the captioners' calls, not
+        the encoder's). A hand-made view pools what the edge already has: not charged."""
+        if not uplink.learned:
+            return uplink.encode(features)
+        t = time.perf_counter()
+        out = uplink.encode(features)
+        dt = time.perf_counter() - t
+        self.clock.virtual += dt
+        self.rec.edge_compute += dt
         return out
 
     def measure(self, fn, *args, scale: float = 1.0, work: Work | None = None):

@@ -50,6 +50,9 @@ LANGUAGES = ("en", "zh")
 DTYPES = {1: np.float16, 2: np.float32}  # wire code -> numpy dtype
 RULES = {1: "rank", 2: "spec_sampling", 3: "qs", 4: "sq", 5: "wisv"}
 _CSI = struct.Struct("<4f")
+# the HTTP header of an OPEN request naming the learned uplink encoder (its digest) the features were
+# sent through; a server whose cloud reads a learned one refuses features from another by this name
+UPLINK_HEADER = "X-Speccap-Uplink"
 
 
 class PacketError(ValueError):

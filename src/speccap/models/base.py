@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..data.uplink import Uplink
+from .learned_uplink import LearnedUplink
 
 # a per-row function over (k, V) logits (see Session.extend)
 Summarize = Callable[[torch.Tensor], list]
@@ -64,7 +65,10 @@ class AudioLM(ABC):
     vocab_limit: int | None = None  # truncate logits to the vocabulary an edge/cloud pair shares
     # what this model reads in place of the clip's log-mel, computed on the edge (a cloud trained on a
     # coarser uplink carries it from its checkpoint; every other model reads the log-mel itself)
-    uplink: Uplink = Uplink()
+    uplink: Uplink | LearnedUplink = Uplink()
+    # what an edge sends its cloud through when it computes it itself (a networked edge): a learned
+    # uplink's encoder shipped with the edge model; the log-mel otherwise
+    sends: Uplink | LearnedUplink = Uplink()
 
     @property
     @abstractmethod

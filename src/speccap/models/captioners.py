@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -17,7 +19,8 @@ from ..data.uplink import Uplink
 from ..fanout import fan_out
 from .aux_targets import cue_vector
 from .configs import build_model
-from .loading import UPLINK_FILE, embedded_prompt
+from .learned_uplink import ENCODER_FILE, UPLINK_FILE, EncoderShape, LearnedUplink, TrainingFront
+from .loading import SENT_DIR, embedded_prompt
 from .thinker import ThinkerLM
 from .tokenizer import load_tokenizer, save_tokenizer, special_ids, train_tokenizer
 from .train import Example, fingerprint, train_captioner
@@ -46,7 +49,7 @@ def load_examples(params: Params, split: str, tokenizer, uplink: Uplink = LOG_ME
             emotion = EMOTIONS.index(rec["emotion"]) if rec.get("emotion") in EMOTIONS else -1
             cues = rec.get("cues") or {}
             out.append(Example(rec["id"], torch.from_numpy(uplink.encode(mel)).to(torch.float16), caps, lang, emotion,
-                               sentence_index(cues.get("text_en")), cue_vector(cues)))
+                               sentence_index(cues.get("text_en")), cue_vector(cues), rec.get("speaker")))
     return out
 
 
@@ -72,29 +75,42 @@ def _train_role(job: tuple[Params, str, bool]) -> dict:
     torch.use_deterministic_algorithms(True)
     models_dir = Path(params.models.dir)
     tokenizer = load_tokenizer(models_dir / "tokenizer")
-    # the cloud reads what the edge sends it; the edge reads its own log-mel
-    uplink = Uplink.from_params(params.uplink) if role == "cloud" else LOG_MEL
+    # the cloud reads what the edge sends it (a learned encoder's output: trained here with it from the
+    # log-mel); the edge reads its own log-mel
+    learned = params.uplink.learned if role == "cloud" else None
+    uplink = Uplink.from_params(params.uplink) if role == "cloud" and not learned else LOG_MEL
     train = load_examples(params, "train", tokenizer, uplink)
     val = load_examples(params, "val", tokenizer, uplink)
     if not train or not val:
         raise ValueError(f"{params.data.processed_dir}: need featurized train and val clips (have {len(train)}, {len(val)})")
     special = special_ids(tokenizer)
-    model = build_model(spec.family, len(tokenizer), spec.size, special, uplink.rows(params.features.n_mels),
-                        params.seed)
+    n_mels = params.features.n_mels
+    model = build_model(spec.family, len(tokenizer), spec.size, special,
+                        learned.rows if learned else uplink.rows(n_mels), params.seed)
+    front = None if learned is None else TrainingFront.build(
+        EncoderShape(n_mels, learned.rows, learned.hidden, params.uplink.merge, params.uplink.normalize),
+        learned.adversary, [e.speaker for e in train], params.seed)
     lm = ThinkerLM(model, tokenizer, embedded_prompt(tokenizer), special.eos, name=f"{role}:embedded")
+    sent = json.dumps(dataclasses.asdict(params.uplink), sort_keys=True) if learned else \
+        (None if uplink.identity else json.dumps(uplink.to_dict(), sort_keys=True))
     fp = fingerprint(spec.size, spec.train, params.seed, spec.family,
                      [e.clip_id for e in train] + [str(params.features.hop_length), str(len(tokenizer))]
-                     + ([] if uplink.identity else [json.dumps(uplink.to_dict(), sort_keys=True)]))
+                     + ([] if sent is None else [sent]))
     out_dir = models_dir / role
     result = train_captioner(lm, train, val, spec.train, params.seed, out_dir, fp, desc=f"train {role}",
-                             progress=progress)
+                             progress=progress, front=front)
     model.save_pretrained(str(out_dir))
-    (out_dir / UPLINK_FILE).unlink(missing_ok=True)  # a cloud trained on another uplink before
-    if not uplink.identity:
+    for stale in (UPLINK_FILE, ENCODER_FILE):  # a cloud trained on another uplink before
+        (out_dir / stale).unlink(missing_ok=True)
+    if front is not None:
+        uplink = LearnedUplink.trained(front.encoder)
+        uplink.save(out_dir)
+    elif not uplink.identity:
         (out_dir / UPLINK_FILE).write_text(json.dumps(uplink.to_dict(), indent=1))
     (out_dir / "checkpoint.pt").unlink(missing_ok=True)  # finished: the resume point is no longer needed
     return {"role": role, "clips": (len(train), len(val)), "backend": "embedded", "family": spec.family,
             **({} if uplink.identity else {"uplink": uplink.to_dict()}),
+            **({} if front is None else {"uplink_parameters": sum(p.numel() for p in front.encoder.parameters())}),
             "parameters": lm.num_parameters(),
             "size": spec.size.__dict__, "threads": spec.train.threads, **result}
 
@@ -118,6 +134,17 @@ def _note_checkpoint(out_dir: Path, entry: dict) -> None:
         if f.is_file():
             f.unlink()
     (out_dir / "source.json").write_text(json.dumps(entry, indent=1))
+
+
+def ship_uplink(models_dir: Path) -> None:
+    """A learned uplink's encoder goes with the edge model (`models/edge/uplink/`): the edge sends through
+    it, and a networked edge has nothing else to compute it with. Removed when the cloud reads no learned one."""
+    shipped = models_dir / "edge" / SENT_DIR
+    shutil.rmtree(shipped, ignore_errors=True)
+    if (models_dir / "cloud" / ENCODER_FILE).is_file():
+        shipped.mkdir(parents=True)
+        for name in (UPLINK_FILE, ENCODER_FILE):
+            shutil.copy2(models_dir / "cloud" / name, shipped / name)
 
 
 def train_captioners(params: Params, progress: bool = True, roles=ROLES) -> dict:
@@ -145,5 +172,7 @@ def train_captioners(params: Params, progress: bool = True, roles=ROLES) -> dict
                           key=lambda job: f"the {job[1]} model"):
         report["train_clips"], report["val_clips"] = result.pop("clips")
         report[result.pop("role")] = result
+    if "cloud" in embedded:
+        ship_uplink(models_dir)
     (models_dir / "train_report.json").write_text(json.dumps(report, indent=1))
     return report

@@ -17,6 +17,7 @@ import torch
 from ..config import ModelParams, Params
 from ..data.uplink import Uplink
 from .configs import model_class
+from .learned_uplink import UPLINK_FILE, LearnedUplink
 from .thinker import PromptTemplate, ThinkerLM
 from .tokenizer import LANG_TOKENS, load_tokenizer
 
@@ -33,9 +34,7 @@ PAPER_PROMPTS = {
            "若存在多种可能性，只选择最可能的一种，不要并列罗列。只给出最终这一句短句，不要输出其他内容。"),
 }
 SYSTEM_PROMPT = "You are a helpful assistant."
-
-
-UPLINK_FILE = "uplink.json"
+SENT_DIR = "uplink"  # in the edge model's folder: the learned encoder the edge sends through
 
 
 class ModelLoadError(FileNotFoundError):
@@ -105,17 +104,22 @@ def load_embedded(role: str, models_dir: str | os.PathLike) -> ThinkerLM:
     model = model_class(family).from_pretrained(str(model_dir), dtype=torch.float32)
     lm = ThinkerLM(model, tokenizer, embedded_prompt(tokenizer), tokenizer.eos_token_id, name=f"{role}:embedded")
     lm.uplink = read_uplink(model_dir)
+    lm.sends = read_uplink(model_dir / SENT_DIR)
     return lm
 
 
-def read_uplink(model_dir: Path) -> Uplink:
-    """The uplink a captioner was trained to read (UPLINK_FILE beside its weights; none: the log-mel)."""
+def read_uplink(model_dir: Path) -> Uplink | LearnedUplink:
+    """The uplink a captioner was trained to read (UPLINK_FILE beside its weights, with a learned one's
+    encoder; none: the log-mel). Also what an edge ships to send (`SENT_DIR` of the edge model)."""
     path = model_dir / UPLINK_FILE
     if not path.is_file():
         return Uplink()
     try:
-        return Uplink(**json.loads(path.read_text()))
-    except (ValueError, TypeError) as exc:
+        described = json.loads(path.read_text())
+        if "learned" in described:
+            return LearnedUplink.load(model_dir, described)
+        return Uplink(**described)
+    except (ValueError, TypeError, KeyError) as exc:
         raise ModelLoadError(f"{path}: not an uplink description ({exc})") from exc
 
 

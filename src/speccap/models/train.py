@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from ..config import ThinkerSize, TrainParams
 from .aux_targets import AUX_TARGETS, span_means
+from .learned_uplink import TrainingFront
 from .thinker import ThinkerLM
 
 
@@ -35,18 +36,22 @@ class Example:
     emotion: int = -1  # index in data.emotions.EMOTIONS, -1 unknown (the auxiliary loss skips it)
     sentence: int = -1  # index in data.sentences.SENTENCES of what is said, -1 unknown (likewise)
     cues: tuple[float, ...] | None = None  # aux_targets.cue_vector of the rendered cues, None unknown
+    speaker: str | None = None  # the voice (manifest field `speaker`), for a learned uplink's adversary
 
 
-def make_batch(lm: ThinkerLM, examples: list[Example], choice: list[int]) -> dict[str, torch.Tensor]:
-    """Right-padded batch: prompt (with audio placeholders) + caption + eos; loss only on the caption."""
+def make_batch(lm: ThinkerLM, examples: list[Example], choice: list[int],
+               sent: list[torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Right-padded batch: prompt (with audio placeholders) + caption + eos; loss only on the caption.
+    `sent`: what each example's features became on a learned uplink (default: `Example.mel`)."""
     pad = lm.pad_token_id
-    t_max = max(e.mel.shape[1] for e in examples)
-    feats = torch.zeros(len(examples), examples[0].mel.shape[0], t_max)
+    mels = sent if sent is not None else [e.mel.float() for e in examples]
+    t_max = max(m.shape[1] for m in mels)
+    feats = torch.zeros(len(examples), mels[0].shape[0], t_max)
     fmask = torch.zeros(len(examples), t_max, dtype=torch.long)
     rows, targets = [], []
-    for i, (e, c) in enumerate(zip(examples, choice)):
-        t = e.mel.shape[1]
-        feats[i, :, :t] = e.mel.float()
+    for i, (e, c, mel) in enumerate(zip(examples, choice, mels)):
+        t = mel.shape[1]
+        feats[i, :, :t] = mel
         fmask[i, :t] = 1
         prompt = lm.prompt_ids(t, e.language)
         cap = e.captions[c] + [lm.eos_token_id]
@@ -92,13 +97,23 @@ def batch_loss(lm: ThinkerLM, batch: dict[str, torch.Tensor],
     return loss
 
 
+def step_loss(lm: ThinkerLM, chunk: list[Example], choice: list[int], probes: dict,
+              front: TrainingFront | None) -> torch.Tensor:
+    """One training batch's loss: the caption's (and the probes'), and a learned uplink's adversary's."""
+    sent = front.features(chunk) if front is not None else None
+    loss = batch_loss(lm, make_batch(lm, chunk, choice, sent), probes)
+    adversary = front.loss(sent, chunk) if front is not None else None
+    return loss if adversary is None else loss + adversary
+
+
 @torch.no_grad()
-def validation_loss(lm: ThinkerLM, examples: list[Example], batch_size: int) -> float:
+def validation_loss(lm: ThinkerLM, examples: list[Example], batch_size: int, front: TrainingFront | None = None) -> float:
+    """The caption's loss alone (a learned uplink's adversary not counted: early stopping keeps the best captioner)."""
     lm.model.eval()
     total, count = 0.0, 0
     for i in range(0, len(examples), batch_size):
         chunk = examples[i: i + batch_size]
-        batch = make_batch(lm, chunk, [0] * len(chunk))
+        batch = make_batch(lm, chunk, [0] * len(chunk), front.features(chunk) if front is not None else None)
         n = int((batch["labels"][:, 1:] != -100).sum())
         total += float(batch_loss(lm, batch)) * n
         count += n
@@ -131,22 +146,35 @@ def _lr_at(step: int, t: TrainParams) -> float:
     return t.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], settings: TrainParams, seed: int,
-                    out_dir: str | os.PathLike, fp: str, desc: str = "train", progress: bool = True) -> dict:
-    """Train `lm.model` in place; keep the best-validation weights; return a report."""
-    torch.set_num_threads(settings.threads)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out_dir / "checkpoint.pt"
-    model = lm.model
+def attach_training_aids(model: torch.nn.Module, settings: TrainParams, seed: int,
+                         front: TrainingFront | None) -> dict[str, tuple[torch.nn.Module, float]]:
+    """Modules trained, checkpointed and resumed with the model and dropped from the saved captioner:
+    a linear probe per auxiliary target with a weight (returned, name -> (probe, weight)), and a
+    learned uplink's `front`."""
     probes = {}
     for name, target in AUX_TARGETS.items():
         weight = getattr(settings, f"{name}_aux")
         if weight > 0:
             torch.manual_seed(seed)  # the probe's initial weights, before the optimizer that trains them
             probe = torch.nn.Linear(target.spans * model.config.get_text_config().hidden_size, target.outputs)
-            model.add_module(f"_{name}_probe", probe)  # trained, checkpointed and resumed with the model
+            model.add_module(f"_{name}_probe", probe)
             probes[name] = (probe, weight)
+    if front is not None:
+        model.add_module("_uplink_front", front)
+    return probes
+
+
+def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], settings: TrainParams, seed: int,
+                    out_dir: str | os.PathLike, fp: str, desc: str = "train", progress: bool = True,
+                    front: TrainingFront | None = None) -> dict:
+    """Train `lm.model` in place (and `front`, a learned uplink's encoder, with it); keep the
+    best-validation weights; return a report."""
+    torch.set_num_threads(settings.threads)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out_dir / "checkpoint.pt"
+    model = lm.model
+    probes = attach_training_aids(model, settings, seed, front)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
@@ -177,7 +205,7 @@ def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], set
         choice = [int(rng.integers(len(e.captions))) for e in chunk]
         for group in opt.param_groups:
             group["lr"] = _lr_at(state["step"], settings)
-        loss = batch_loss(lm, make_batch(lm, chunk, choice), probes)
+        loss = step_loss(lm, chunk, choice, probes, front)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -186,7 +214,7 @@ def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], set
         bar.update()
         bar.set_postfix(loss=f"{loss.item():.3f}", best=f"{state['best_loss']:.3f}")
         if state["step"] % settings.eval_every == 0 or state["step"] == settings.max_steps:
-            vl = validation_loss(lm, val, settings.batch_size)
+            vl = validation_loss(lm, val, settings.batch_size, front)
             model.train()
             state["history"].append({"step": state["step"], "train_loss": loss.item(), "val_loss": vl,
                                      "seconds": time.perf_counter() - start})
@@ -207,6 +235,8 @@ def train_captioner(lm: ThinkerLM, train: list[Example], val: list[Example], set
     model.load_state_dict(best_weights)
     for name in probes:  # a training aid only: the saved captioner is the plain HF model
         del model._modules[f"_{name}_probe"]
+    if front is not None:  # saved apart, as what the edge sends
+        del model._modules["_uplink_front"]
     model.eval()
     return {"steps": state["step"], "best_step": state["best_step"], "best_val_loss": state["best_loss"],
             "stopped_early": stopped_early, "train_seconds": state["seconds"], "history": state["history"]}

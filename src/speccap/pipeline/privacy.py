@@ -2,13 +2,16 @@
 sends, and who is speaking.
 
 The edge sends the cloud a view of the clip's log-mel (`uplink:` params, speccap.data.uplink): the
-log-mel itself by default, float16 on the wire. For that view and the candidates of
-`privacy.candidates` (bands pooled, frames merged, each band's clip level and spread removed), two
-eavesdroppers rebuild a waveform, and the stronger counts:
+log-mel itself by default, float16 on the wire, or a learned encoder's output (`uplink.learned`,
+speccap.models.learned_uplink: the one trained with the cloud in models/cloud). For that and the
+candidates of `privacy.candidates` (bands pooled, frames merged, each band's clip level and spread
+removed), two eavesdroppers rebuild a waveform, and the stronger counts:
 - one that learns nothing but typical levels: every pooled value spread back over its bands and
-  frames, a normalised view scaled back by the levels typical of train clips;
+  frames, a normalised view scaled back by the levels typical of train clips (a learned encoding has
+  no bands to spread: this one does not apply to it);
 - one that learns to invert the view: a ridge map, fitted on the train clips' (view, log-mel) pairs,
-  from the spread-back view around each frame to the frame's log-mel.
+  from the spread-back view around each frame to the frame's log-mel (a learned encoding's rows
+  stretched over the frames).
 Then the mel filterbank inverted and Griffin-Lim; STOI scores it against the original (near 0.8 the
 words are understood), and the clip against itself 0.2 s late is the floor. Who is speaking: two
 classifiers retrained on each view of the train clips, and the stronger counts: a logistic
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -32,6 +36,8 @@ from ..data.manifest import manifest_path, read_manifest
 from ..data.uplink import Uplink
 from ..fanout import fan_out
 from ..metrics.bootstrap import mean_interval, statistic_interval
+from ..models.learned_uplink import LearnedUplink
+from ..models.loading import read_uplink
 
 SHIFT_S = 0.2  # the floor: a clip against itself this late (the same voice, the words misaligned)
 GL_ITERS = 64
@@ -48,7 +54,7 @@ ATTACKERS = ("spread back", "learned inverter")  # who rebuilds speech; the stro
 class Wire:
     """One uplink measured: the view, the features it is computed from, and whether the edge sends it."""
 
-    uplink: Uplink
+    uplink: Uplink | LearnedUplink
     n_mels: int
     hop: int
     sent: bool = False  # what the edge sends (params `uplink`)
@@ -78,7 +84,7 @@ class Wire:
 def wires(params: Params) -> list[Wire]:
     """The uplink the edge sends first, then the other candidates of `privacy.candidates`."""
     f = params.features
-    sent = Uplink.from_params(params.uplink)
+    sent = read_uplink(Path(params.models.dir) / "cloud") if params.uplink.learned else Uplink.from_params(params.uplink)
     others = [Uplink.from_params(c) for c in params.privacy.candidates]
     return [Wire(sent, f.n_mels, f.hop_length, sent=True)] + [
         Wire(u, f.n_mels, f.hop_length) for u in dict.fromkeys(others) if u != sent]
@@ -96,7 +102,8 @@ def spread_back(rep: np.ndarray, wire: Wire, n_frames: int, prior: np.ndarray | 
     v = rep.astype(np.float32)
     if wire.uplink.normalize == "clip" and prior is not None:
         v = v * prior[1][:, None] + prior[0][:, None]
-    v = np.repeat(v, np.diff(wire.uplink.band_edges(wire.n_mels)), axis=0)  # every mel band takes its group's value
+    if not wire.uplink.learned:  # a learned encoding's rows are not bands: only stretched over the frames
+        v = np.repeat(v, np.diff(wire.uplink.band_edges(wire.n_mels)), axis=0)  # every mel band takes its group's value
     merge = wire.uplink.merge
     if merge > 1 or v.shape[1] != n_frames:
         centres = (np.arange(v.shape[1]) + 0.5) * merge - 0.5
@@ -161,7 +168,8 @@ def _score_clip(item: tuple) -> dict:
     mel = wire_list[0].log_mel(x, sr, n_fft)
     return {"id": clip_id, "floor": floor,
             "stoi": [{a: stoi(x, rebuild(w.view(mel), w, mel.shape[1], sr, n_fft, prior, inverse), sr)
-                      for a, inverse in zip(ATTACKERS, (None, inverter)) if a == ATTACKERS[0] or inverse is not None}
+                      for a, inverse in zip(ATTACKERS, (None, inverter))
+                      if inverse is not None or (a == ATTACKERS[0] and not w.uplink.learned)}
                      for w, prior, inverter in zip(wire_list, priors, inverters)]}
 
 
@@ -296,8 +304,8 @@ def measure(params: Params, workers: int) -> dict:
     test_recs = _split(params, "test", 0)  # 0 = every test clip
     test = [(s, m) for s, m in _mels(test_recs, wire_list[0], sr, f.n_fft) if s]
     # what a normalised view removed, as typical train clips have it (none without train clips)
-    priors = [levels([w.unnormalised().view(m) for _, m in train_all]) if w.uplink.normalize == "clip" and train_all
-              else None for w in wire_list]
+    priors = [levels([w.unnormalised().view(m) for _, m in train_all])
+              if w.uplink.normalize == "clip" and not w.uplink.learned and train_all else None for w in wire_list]
     inverters = [fit_inverter([(spread_back(w.view(m), w, m.shape[1], prior), m) for _, m in train_all])
                  if train_all else None for w, prior in zip(wire_list, priors)]
     items = [(r["id"], r["path"], tuple(wire_list), tuple(priors), tuple(inverters), sr, f.n_fft) for r in scored]
@@ -307,7 +315,8 @@ def measure(params: Params, workers: int) -> dict:
            "floor": mean_interval([c["floor"] for c in per_clip], seed), "inverter_train_clips": len(train_all),
            "named_by_the_caption": named_by_the_caption(test_recs), "wires": []}
     for i, w in enumerate(wire_list):
-        out["wires"].append({"name": w.name, **w.uplink.to_dict(), "n_mels": w.n_mels, "hop": w.hop, "sent": w.sent,
+        out["wires"].append({"name": w.name, **w.uplink.to_dict(), "merge": w.uplink.merge,
+                             "normalize": w.uplink.normalize, "n_mels": w.n_mels, "hop": w.hop, "sent": w.sent,
                              "rows": w.uplink.rows(w.n_mels), "bytes_per_second": w.bytes_per_second(sr),
                              **_attacks(per_clip, i, seed),
                              "voice_id": voice_id([(s, w.view(m)) for s, m in train],

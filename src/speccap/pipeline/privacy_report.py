@@ -43,7 +43,8 @@ def _voice(v: dict) -> tuple[str, str, str]:
 
 def _by_attacker(w: dict) -> list[str]:
     by = w.get("stoi_by_attacker", {})
-    return [interval_text(by[a], 3) if a in by else "not measured" for a in ATTACKERS]
+    return [interval_text(by[a], 3) if a in by else "no bands to spread" if "learned" in w else "not measured"
+            for a in ATTACKERS]
 
 
 def _weaker_learner(wires: list[dict]) -> str:
@@ -110,7 +111,7 @@ def render(r: dict) -> str:
 
 def _short(w: dict) -> str:
     """A point's label: bands x frames merged, n for clip-normalised (the table has the full names)."""
-    label = f"{w['rows']}x{w['merge']}" + (" n" if w["normalize"] == "clip" else "")
+    label = ("L" if "learned" in w else "") + f"{w['rows']}x{w['merge']}" + (" n" if w["normalize"] == "clip" else "")
     return label + (" (sent)" if w["sent"] else "")
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from ..decoding.packets import UPLINK_HEADER
+
 
 class CloudUnavailable(ConnectionError):
     """The verifier could not be reached or failed (timeout, refused connection, 5xx)."""
@@ -78,7 +80,7 @@ class VerifierClient:
     def __exit__(self, *exc):
         self.close()
 
-    def request(self, method: str, path: str, content: bytes | None = None) -> Exchange:
+    def request(self, method: str, path: str, content: bytes | None = None, headers: dict | None = None) -> Exchange:
         last = "no attempt"
         for attempt in range(self.retries + 1):
             if attempt:
@@ -86,7 +88,8 @@ class VerifierClient:
             t = time.perf_counter()
             try:
                 r = self.http.request(method, path, content=content,
-                                      headers={"Content-Type": "application/octet-stream"} if content else None)
+                                      headers=({"Content-Type": "application/octet-stream"} if content else {})
+                                      | (headers or {}))
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 last = f"cannot connect to {self.url}: {type(exc).__name__} {exc}".strip()
                 continue  # never reached the server: safe to send again
@@ -115,8 +118,9 @@ class VerifierClient:
     def health(self) -> dict:
         return _json(self.request("GET", "/v1/health"))
 
-    def open(self, packet: bytes) -> tuple[int, Exchange]:
-        ex = self.request("POST", "/v1/sessions", packet)
+    def open(self, packet: bytes, uplink: str = "") -> tuple[int, Exchange]:
+        """`uplink`: the learned encoder the features were sent through (its digest), for the server to check."""
+        ex = self.request("POST", "/v1/sessions", packet, {UPLINK_HEADER: uplink} if uplink else None)
         return int(_json(ex)["session"]), ex
 
     def verify(self, session: int, packet: bytes) -> Exchange:

@@ -35,9 +35,11 @@ class RemoteCloud(Transport):
     (client-side channel emulation on top of the real socket)."""
 
     def __init__(self, client: VerifierClient, features: np.ndarray, language: str, s: SpecSettings, books: Ledger,
-                 features_dtype: str = "float16", q_dtype: str = "float16", emulate: bool = False, breaker: int = 2):
+                 features_dtype: str = "float16", q_dtype: str = "float16", emulate: bool = False, breaker: int = 2,
+                 uplink: str = ""):
         super().__init__(s.rule, books)
         self.client, self.features, self.language, self.s = client, features, language, s
+        self.uplink = uplink  # the learned encoder's digest the features went through ("" for a hand-made view)
         self.features_dtype, self.q_dtype, self.emulate, self.breaker = features_dtype, q_dtype, emulate, breaker
         self.sid: int | None = None
         self.seq = 0  # seq of the last VERIFY on the current session
@@ -61,7 +63,7 @@ class RemoteCloud(Transport):
             packet = packets.open_packet(self.features, self.language, rule.name, getattr(rule, "r", 1),
                                          temperature, self.s.seed, self.q_dtype, self.features_dtype)
             self.post(link, "up", "features", packet)
-            self.sid, ex = self.client.open(packet)
+            self.sid, ex = self.client.open(packet, self.uplink)
             self.books.exchange(ex)
             self.seq, self.cloud_holds = 0, 0
         return self.sid, self.seq + 1
@@ -150,6 +152,21 @@ def check_compatible(edge: AudioLM, info: dict) -> None:
     if info["eos_token_id"] != edge.eos_token_id:
         raise ValueError(f"the served cloud model's end token is {info['eos_token_id']}, the edge's "
                          f"{edge.eos_token_id}: they do not share a tokenizer")
+    served_uplink(edge, info)  # a learned uplink: the edge must ship the encoder the cloud was trained with
+
+
+def served_uplink(edge: AudioLM, info: dict):
+    """What the edge sends the served cloud (its /v1/info says what it reads; older servers: the
+    log-mel): a hand-made view computed here, or the learned encoder shipped with the edge model,
+    which must be the one the cloud was trained with."""
+    served = info.get("uplink", {})
+    if "learned" not in served:
+        return Uplink(**served)
+    if edge.sends.digest != served.get("digest"):
+        shipped = f"encoder {edge.sends.digest}" if edge.sends.learned else "no learned encoder"
+        raise ValueError(f"the served cloud reads learned uplink encoder {served.get('digest')}, this edge ships "
+                         f"{shipped} (models/edge/uplink/): deploy the edge and cloud of one `train` run")
+    return edge.sends
 
 
 def caption_remote(edge: AudioLM, client: VerifierClient, info: dict, features: np.ndarray, language: str,
@@ -160,11 +177,12 @@ def caption_remote(edge: AudioLM, client: VerifierClient, info: dict, features: 
     if settings.in_flight:
         raise ValueError("the networked edge runs the blocking loop only: set in_flight to 0")
     bits = packets.id_bits(min(edge.vocab_size, info["vocab_size"]))
-    wire = Uplink(**info.get("uplink", {})).encode(features)  # what the served cloud reads (older servers: the log-mel)
+    uplink = served_uplink(edge, info)
     holder: list[RemoteCloud] = []
 
     def make(books):
-        holder.append(RemoteCloud(client, wire, language, settings, books, features_dtype, q_dtype, emulate, breaker))
+        holder.append(RemoteCloud(client, books.sent(uplink, features), language, settings, books, features_dtype,
+                                  q_dtype, emulate, breaker, uplink.digest))
         return holder[0]
     try:
         return blocking_loop(edge, make, features, language, settings, link, 1, bits, method="networked",

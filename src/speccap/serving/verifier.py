@@ -113,6 +113,10 @@ class Verifier:
             raise ServingError(400, f"malformed OPEN packet: {exc}") from None
         if self.n_mels is not None and req.features.shape[0] != self.n_mels:
             raise ServingError(422, f"features have {req.features.shape[0]} mel bands, the model takes {self.n_mels}")
+        sent_through = request.headers.get(packets.UPLINK_HEADER, "")
+        if self.lm.uplink.learned and sent_through != self.lm.uplink.digest:
+            raise ServingError(422, f"features sent through uplink encoder {sent_through or '(none named)'}, the model "
+                                    f"reads learned uplink encoder {self.lm.uplink.digest}")
         if req.features.shape[1] < 1:
             raise ServingError(422, "features hold no frames")
         if req.rule == "wisv":
