@@ -10,8 +10,8 @@ removed), two eavesdroppers rebuild a waveform, and the stronger counts:
   frames, a normalised view scaled back by the levels typical of train clips (a learned encoding has
   no bands to spread: this one does not apply to it);
 - one that learns to invert the view: a ridge map, fitted on the train clips' (view, log-mel) pairs,
-  from the spread-back view around each frame to the frame's log-mel (a learned encoding's rows
-  stretched over the frames).
+  from the spread-back view around each frame to the frame's log-mel; against a learned encoding (its
+  rows stretched over the frames), which no linear map undoes, a two-layer network fitted the same way.
 Then the mel filterbank inverted and Griffin-Lim; STOI scores it against the original (near 0.8 the
 words are understood), and the clip against itself 0.2 s late is the floor. Who is speaking: two
 classifiers retrained on each view of the train clips, and the stronger counts: a logistic
@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..config import Params
 from ..data.audio_io import read_audio
@@ -46,6 +48,7 @@ FRAMES_PER_CLIP = 8  # frames of each train clip the frame classifier learns fro
 INVERTER_CONTEXT, INVERTER_STRIDE = 1, 2
 INVERTER_RIDGE = 1e-3  # per train frame: the map shrinks toward the spread-back view's own frame
 INVERTER_FRAMES = 60_000  # train frames it is fitted on at most (spread over the clips)
+NETWORK_HIDDEN, NETWORK_STEPS, NETWORK_BATCH = 256, 4000, 512  # the inverter against a learned encoding
 EER_RESAMPLES = 200  # an equal error rate over all pairs per resample: fewer resamples than a mean's
 ATTACKERS = ("spread back", "learned inverter")  # who rebuilds speech; the stronger counts
 
@@ -138,17 +141,51 @@ def _context(v: np.ndarray) -> np.ndarray:
     return np.hstack([np.concatenate(cols, 0).T, np.ones((n, 1), v.dtype)])
 
 
+def _training_frames(pairs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(frames, context) inputs and (frames, n_mels) targets: at most INVERTER_FRAMES, spread over the clips."""
+    step = -(-sum(m.shape[1] for _, m in pairs) // INVERTER_FRAMES)  # every step-th frame of each clip
+    return (np.concatenate([_context(v)[::step] for v, _ in pairs]),
+            np.concatenate([m.T[::step] for _, m in pairs]))
+
+
 def fit_inverter(pairs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """The learned attacker's map from the spread-back view around a frame to the frame's log-mel,
     fitted by ridge regression on train clips' (spread-back view, log-mel) pairs."""
-    step = -(-sum(m.shape[1] for _, m in pairs) // INVERTER_FRAMES)  # every step-th frame of each clip
-    x = np.concatenate([_context(v)[::step] for v, _ in pairs]).astype(np.float64)
-    y = np.concatenate([m.T[::step] for _, m in pairs]).astype(np.float64)
+    x, y = (a.astype(np.float64) for a in _training_frames(pairs))
     return np.linalg.solve(x.T @ x + INVERTER_RIDGE * len(x) * np.eye(x.shape[1]), x.T @ y).astype(np.float32)
 
 
-def invert(inverter: np.ndarray, v: np.ndarray) -> np.ndarray:
-    return (_context(v.astype(np.float32)) @ inverter).T
+def fit_network_inverter(pairs: list[tuple[np.ndarray, np.ndarray]], seed: int,
+                         steps: int = NETWORK_STEPS) -> torch.nn.Module:
+    """The learned attacker against a learned encoding: a two-layer network from the same inputs to the
+    same targets as `fit_inverter`'s map, fitted for the least squared error (Adam, a fixed number of steps)."""
+    x, y = (torch.from_numpy(a.astype(np.float32)) for a in _training_frames(pairs))
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], NETWORK_HIDDEN), torch.nn.GELU(),
+                              torch.nn.Linear(NETWORK_HIDDEN, NETWORK_HIDDEN), torch.nn.GELU(),
+                              torch.nn.Linear(NETWORK_HIDDEN, y.shape[1]))
+    with torch.no_grad():
+        net[-1].bias.copy_(y.mean(0))  # start from the mean frame
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    order = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(steps):
+        if not batches:  # a fresh shuffle of every frame, cut into batches
+            batches = list(torch.randperm(len(x), generator=order).split(NETWORK_BATCH))
+        idx = batches.pop()
+        loss = torch.nn.functional.mse_loss(net(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return net.eval()
+
+
+def invert(inverter: np.ndarray | torch.nn.Module, v: np.ndarray) -> np.ndarray:
+    context = _context(v.astype(np.float32))
+    if isinstance(inverter, np.ndarray):
+        return (context @ inverter).T
+    with torch.no_grad():
+        return inverter(torch.from_numpy(context)).numpy().T
 
 
 def stoi(ref: np.ndarray, deg: np.ndarray, sr: int) -> float:
@@ -306,8 +343,9 @@ def measure(params: Params, workers: int) -> dict:
     # what a normalised view removed, as typical train clips have it (none without train clips)
     priors = [levels([w.unnormalised().view(m) for _, m in train_all])
               if w.uplink.normalize == "clip" and not w.uplink.learned and train_all else None for w in wire_list]
-    inverters = [fit_inverter([(spread_back(w.view(m), w, m.shape[1], prior), m) for _, m in train_all])
-                 if train_all else None for w, prior in zip(wire_list, priors)]
+    inverters = [(partial(fit_network_inverter, seed=seed) if w.uplink.learned else fit_inverter)(
+        [(spread_back(w.view(m), w, m.shape[1], prior), m) for _, m in train_all])
+        if train_all else None for w, prior in zip(wire_list, priors)]
     items = [(r["id"], r["path"], tuple(wire_list), tuple(priors), tuple(inverters), sr, f.n_fft) for r in scored]
     per_clip = sorted(fan_out(_score_clip, items, workers if workers > 1 else 0, stage="privacy", key=lambda i: i[0]),
                       key=lambda c: c["id"])

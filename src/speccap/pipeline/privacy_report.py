@@ -6,9 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from .markdown import interval_text, md_table
-from .privacy import ATTACKERS, EER_RESAMPLES, GL_ITERS, INVERTER_CONTEXT, INVERTER_STRIDE, SHIFT_S
+from .privacy import ATTACKERS, EER_RESAMPLES, GL_ITERS, INVERTER_CONTEXT, INVERTER_STRIDE, NETWORK_HIDDEN, SHIFT_S
 
 STOI_TARGET = 0.3  # at most this: the words are no longer understood
+# said only when a learned uplink is measured (speccap.models.learned_uplink)
+LEARNED_NOTE = (f" A learned encoding (its rows are no bands: nothing to spread back) is inverted by a two-layer "
+                f"network ({NETWORK_HIDDEN} units a layer) from the same inputs to the same targets, since no linear "
+                "map undoes a nonlinear encoder; it is a lower bound on what a stronger attacker (a neural vocoder "
+                "trained on the pairs) would rebuild.")
 
 
 def target_met(wire: dict) -> bool:
@@ -92,7 +97,8 @@ def render(r: dict) -> str:
         f"fitted on {r.get('inverter_train_clips', 0)} train clips' (representation, log-mel) pairs, from the "
         f"spread-back representation {INVERTER_CONTEXT} frame(s) either side ({INVERTER_STRIDE} frames apart) to each "
         f"frame's log-mel. Both end in mel inversion and Griffin-Lim ({GL_ITERS} iterations). Floor: a clip against "
-        f"itself {SHIFT_S} s late, STOI {interval_text(r['floor'], 3)}.", "",
+        f"itself {SHIFT_S} s late, STOI {interval_text(r['floor'], 3)}."
+        + (LEARNED_NOTE if any("learned" in w for w in r["wires"]) else ""), "",
         "Who is speaking, by classifiers retrained on each representation of the train clips (the stronger of two "
         "logistic regressions: one on each clip's per-band level, spread, movement and percentiles, one on single "
         "frames averaged over the clip), tested on every test clip: the voice named, against always naming the "
