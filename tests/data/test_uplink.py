@@ -70,15 +70,16 @@ def test_params_refuse_an_uplink_a_real_cloud_cannot_read(tmp_path):
     base = (tmp_path / "params.yaml")
     base.write_text("uplink: {bands: 16, merge: 4, normalize: clip}\n")
     assert load_params(base).uplink.bands == 16
-    base.write_text("uplink: {bands: 16}\nmodels: {cloud: {backend: qwen2_5_omni, path: /nowhere}}\n")
-    with pytest.raises(ConfigError, match="params key uplink: a qwen2_5_omni cloud"):
-        load_params(base)
-    base.write_text("uplink: {bands: 256}\n")
-    with pytest.raises(ConfigError, match="uplink.bands: 256 is more than"):
-        load_params(base)
-    base.write_text("uplink: {normalize: speaker}\n")
-    with pytest.raises(ConfigError, match="uplink"):
-        load_params(base)
+    _refused(base, "uplink: {bands: 16}\nmodels: {cloud: {backend: qwen2_5_omni, path: /nowhere}}\n",
+             "params key uplink: a qwen2_5_omni cloud")
+    _refused(base, "uplink: {bands: 256}\n", "uplink.bands: 256 is more than")
+    _refused(base, "uplink: {normalize: speaker}\n", "uplink")
+
+
+def _refused(path, text: str, match: str) -> None:
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_params(path)
 
 
 def test_params_name_what_a_learned_uplink_cannot_be(tmp_path):
@@ -86,13 +87,9 @@ def test_params_name_what_a_learned_uplink_cannot_be(tmp_path):
     base.write_text("uplink: {merge: 8, normalize: clip, learned: {rows: 12, adversary: 0.5}}\n")
     learned = load_params(base).uplink.learned
     assert (learned.rows, learned.hidden, learned.adversary) == (12, 64, 0.5)
-    base.write_text("uplink: {bands: 16, learned: {rows: 12}}\n")
-    with pytest.raises(ConfigError, match="uplink.bands: 16 pooled bands and a learned encoder exclude each other"):
-        load_params(base)
-    base.write_text("uplink: {learned: {rows: 8}}\nmodels: {cloud: {backend: qwen2_5_omni, path: /nowhere}}\n")
-    with pytest.raises(ConfigError, match="params key uplink: a qwen2_5_omni cloud"):
-        load_params(base)
+    _refused(base, "uplink: {bands: 16, learned: {rows: 12}}\n",
+             "uplink.bands: 16 pooled bands and a learned encoder exclude each other")
+    _refused(base, "uplink: {learned: {rows: 8}}\nmodels: {cloud: {backend: qwen2_5_omni, path: /nowhere}}\n",
+             "params key uplink: a qwen2_5_omni cloud")
     for bad in ("{rows: 0}", "{adversary: -1.0}", "{layers: 2}"):
-        base.write_text(f"uplink: {{learned: {bad}}}\n")
-        with pytest.raises(ConfigError, match="uplink.learned"):
-            load_params(base)
+        _refused(base, f"uplink: {{learned: {bad}}}\n", "uplink.learned")
