@@ -20,6 +20,7 @@ from speccap.models.learned_uplink import (
 )
 from speccap.models.loading import ModelLoadError, read_uplink
 from speccap.models.train import Example
+from speccap.pipeline.privacy import clip_statistics
 
 SHAPE = EncoderShape(n_mels=32, rows=6, hidden=8, merge=4, normalize="clip")
 
@@ -85,12 +86,17 @@ def test_the_adversary_reverses_its_gradient_into_the_encoder():
     adv.loss(sent, [0, 1, 0]).backward()
     reversed_grads = [z.grad.clone() for z in sent]
     plain = [z.detach().clone().requires_grad_(True) for z in sent]
-    logp = torch.stack([adv.net(z.T).log_softmax(-1).mean(0) for z in plain])
-    torch.nn.functional.nll_loss(logp, torch.tensor([0, 1, 0])).backward()
+    who = torch.tensor([0, 1, 0])
+    frames = torch.stack([adv.net(z.T).log_softmax(-1).mean(0) for z in plain])
+    clips = torch.stack([adv.clip(adv.statistics(z)).log_softmax(-1) for z in plain])
+    (torch.nn.functional.nll_loss(frames, who) + torch.nn.functional.nll_loss(clips, who)).backward()
     for r, p in zip(reversed_grads, plain):
         assert torch.allclose(r, -0.5 * p.grad)
     assert all(p.grad is not None for p in adv.parameters())
     assert adv.loss(sent, [-1, -1, -1]) is None  # no known voice: nothing to learn from
+    # the clip statistics are the privacy stage's voice classifier's
+    z = torch.randn(6, 9)
+    assert np.allclose(adv.statistics(z).numpy(), clip_statistics(z.numpy()), atol=1e-5)
 
 
 def test_a_front_needs_two_voices_to_hide_one():

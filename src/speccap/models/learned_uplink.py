@@ -5,9 +5,10 @@ The hand-made views (speccap.data.uplink) pool the log-mel; this one is learned 
 to end from the caption loss: a convolution over 3 frames of every mel band into `hidden` channels,
 then one over `merge` frames at stride `merge` into `rows` values per sent frame (the rate: rows x
 frames, float16 on the wire), bounded by tanh, optionally with each row's clip mean and spread
-removed (`normalize: clip`). With `adversary` > 0, a speaker classifier learns to name the voice
-from every sent frame while the encoder gets its gradient reversed (times `adversary`), so the
-encoder is pushed to send what names the voice least for the caption it keeps.
+removed (`normalize: clip`). With `adversary` > 0, speaker classifiers learn to name the voice from
+every sent frame and from the clip's statistics while the encoder gets their gradient reversed
+(times `adversary`), so the encoder is pushed to send what names the voice least for the caption
+it keeps.
 
 `LearnedUplink` has the hand-made view's interface (`encode`, `rows`, `name`, `to_dict`, ...), so the
 decoding loops, the server and the privacy stage treat both alike. Its weights are saved beside the
@@ -77,20 +78,31 @@ class _Reverse(torch.autograd.Function):
 
 
 class SpeakerAdversary(torch.nn.Module):
-    """Names the voice from every sent frame (the log-probabilities averaged over the clip's frames),
-    through a reversed gradient of `weight`."""
+    """Names the voice two ways, as the privacy stage's classifiers do: from every sent frame (the
+    log-probabilities averaged over the clip's frames) and from the clip's statistics per row (level,
+    spread, movement, 10th and 90th percentiles); each through a reversed gradient of `weight`."""
 
     def __init__(self, rows: int, speakers: int, weight: float, hidden: int = 64):
         super().__init__()
         self.weight = weight
         self.net = torch.nn.Sequential(torch.nn.Linear(rows, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, speakers))
+        self.clip = torch.nn.Linear(5 * rows, speakers)
+
+    @staticmethod
+    def statistics(z: torch.Tensor) -> torch.Tensor:
+        """(rows, frames) -> (5 rows): what pipeline.privacy.clip_statistics reads, differentiably."""
+        moves = (z[:, 1:] - z[:, :-1]).abs().mean(1) if z.shape[1] > 1 else torch.zeros_like(z[:, 0])
+        return torch.cat([z.mean(1), z.std(1, unbiased=False), moves, torch.quantile(z, 0.1, dim=1),
+                          torch.quantile(z, 0.9, dim=1)])
 
     def loss(self, sent: list[torch.Tensor], speakers: list[int]) -> torch.Tensor | None:
-        known = [(z, s) for z, s in zip(sent, speakers) if s >= 0]
+        known = [(_Reverse.apply(z, self.weight), s) for z, s in zip(sent, speakers) if s >= 0]
         if not known:
             return None
-        logp = torch.stack([self.net(_Reverse.apply(z.T, self.weight)).log_softmax(-1).mean(0) for z, _ in known])
-        return torch.nn.functional.nll_loss(logp, torch.tensor([s for _, s in known]))
+        who = torch.tensor([s for _, s in known])
+        frames = torch.stack([self.net(z.T).log_softmax(-1).mean(0) for z, _ in known])
+        clips = torch.stack([self.clip(self.statistics(z)).log_softmax(-1) for z, _ in known])
+        return torch.nn.functional.nll_loss(frames, who) + torch.nn.functional.nll_loss(clips, who)
 
 
 def digest(encoder: UplinkEncoder) -> str:
