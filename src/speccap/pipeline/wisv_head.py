@@ -1,4 +1,5 @@
-"""WISV's head in the pipeline (stage `wisv_head`): its traces and its training.
+"""WISV's head in the pipeline (stage `wisv_head`, start to end): its traces, its training and its
+registration in MLflow.
 
 Traces: every block verified greedily (rank 1: every mismatch is one WISV localizes), the edge's
 and the cloud's last-layer hidden states kept at each block's first mismatch, judged critical or
@@ -9,19 +10,24 @@ channels (decoding/wisv/training.py), and the head learns P(repair) from [edge h
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from ..config import Params
 from ..decoding.stats import CLOUD_SCALARS
 from ..decoding.wisv.head import save_head
 from ..decoding.wisv.training import head_dataset, repair_budget, train_head
 from ..gating.traces import TraceSettings, verifying_every_block
+from ..tracking import Tracker
 from .gates import calibration_plot, roc_auc
 from .saved import head_path
-from .traces import TRACE_DIR
+from .traces import TRACE_DIR, collect, summary, trace_clips, trace_one, traces_key
+from .workers import Pool
 
 WISV_TRACE_DIR = Path("data/wisv_traces")
 
@@ -182,3 +188,64 @@ def _quality_plot(va: dict, p: np.ndarray, tau: float, path: Path) -> None:
 
 
 # ---- evaluation ----
+
+
+def run_wisv_head(params: Params, params_path: str | None) -> dict:
+    """The `wisv_head` stage, start to end: the judged mismatches (the `traces` stage's with
+    wisv.labels: shadow, else traced here), the head trained and measured, logged and registered in
+    MLflow; models/wisv/report.json is what it returns."""
+    w = params.wisv
+    if w.labels == "shadow":  # the on-policy traces of the `traces` stage, shared with the token gates
+        tables = shadow_traces(params)
+        WISV_TRACE_DIR.mkdir(parents=True, exist_ok=True)  # a DVC output either way (empty here)
+        key_of_traces = traces_key(params)  # the traces stage's own key
+    else:
+        settings = trace_settings(params)
+        tables = own_traces(params, params_path, settings)
+        key_of_traces = traces_key(params, settings)
+    report = train_wisv_head(params, tables["train"], tables["val"])
+    report["labels"] = w.labels
+    report["traces"] = summary(tables)
+    path = head_path(params)
+    key = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    report["head_key"] = key
+    report["version"] = register_head(params, path, key, tables["val"], key_of_traces, report)
+    (path.parent / "report.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def register_head(params: Params, path: Path, key: str, val: pd.DataFrame, key_of_traces: str, report: dict) -> str:
+    """The head logged as a pyfunc model (a few validation mismatches its input example) and
+    registered under wisv.registry_name: its version."""
+    w = params.wisv
+    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "wisv_head")
+    ex = judged(val).head(3)
+    parts = [pd.DataFrame(ex["h_edge"].tolist()).add_prefix("e"), pd.DataFrame(ex["h_cloud"].tolist()).add_prefix("c"),
+             pd.DataFrame([[1.3, 2.0, 0.05, 0.0]] * len(ex)).add_prefix("csi")]
+    if w.scalars:
+        parts.append(pd.DataFrame(ex["c_scalars"].tolist()).add_prefix("s"))
+    example = pd.concat(parts, axis=1).astype("float32")
+    metrics = {k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    _, version = tracker.log_wisv_head(
+        w.registry_name, f"wisv-head-{key}", path, example,
+        {"wisv": {k: v for k, v in w.__dict__.items() if k != "channels"}, "traces_key": key_of_traces},
+        metrics, artifacts=[path.parent / "head_vs_channel.png", path.parent / "calibration.png",
+                            path.with_suffix(".json")],
+        tags={"stage": "wisv_head", "head_key": key})
+    return version
+
+
+def own_traces(params: Params, params_path: str | None, settings) -> dict:
+    """wisv.labels: own. Every block verified greedily, both states at each block's first mismatch,
+    judged by the cloud finishing (data/wisv_traces, resumable)."""
+    w = params.wisv
+    total = sum(len(trace_clips(params, s, lang, w.traces)) for s in ("train", "val") for lang in params.data.languages)
+    pool = Pool.for_stage(params, params_path, "wisv_head", fn=trace_one)
+    try:
+        with tqdm(total=total, desc="wisv traces", unit="clip") as bar:
+            tables = collect(params, pool, WISV_TRACE_DIR, progress=bar.update, settings=settings, counts=w.traces)
+    finally:
+        pool.close()
+    for split, df in tables.items():
+        df.to_parquet(WISV_TRACE_DIR / f"{split}.parquet", index=False)
+    return tables
