@@ -15,6 +15,7 @@ from ..config import Params
 from . import folds
 from .ceiling import log_name, run_ceiling
 from .crossfit import crossfit_configs, fold_clips, pool_folds
+from .decode import REFERENCES
 from .folds import referenced_clips
 from .gate_report import OUT, build_gate_report, decode_references, gate_clips, gate_configs
 from .gates import read_gates_json
@@ -22,7 +23,6 @@ from .sweep import eval_clips
 from .sweep_run import SweepHooks, run_sweep
 from .verify_rank import default_rank
 
-REFERENCES = Path("reports/references.json")  # the decode stage's edge-only and cloud-only rows
 RUNS = Path("reports/gate_runs")
 
 

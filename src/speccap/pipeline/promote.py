@@ -8,23 +8,39 @@ BLEU-1 gap and of the emotion-hit gap the gate closes, then the mean over the la
 whose gap is not positive on these clips (nothing to close) is left out, and a language with
 neither falls back to the mean of BLEU-1 and the emotion hit rate (BLEU-1 alone without labels).
 A candidate that is the champion already (same gate file) is not re-promoted; a candidate that is
-not strictly better leaves the alias where it is. The decision and its reason are returned (and
-recorded on the model version by the flow).
+not strictly better leaves the alias where it is. The decision and its reason are returned and
+recorded on the model version (`run_promote`: the `promote` stage start to end). The champion ships
+as its gate file, models/champion.gate.json (gating.gate_file, stamped with its registered name and
+version): the very file the registry holds, which a device loads without MLflow (`speccap edge
+--gate FILE`).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
+
+import torch
 
 from ..config import Params, gate_decode
 from ..data.featurize import load_clip_features
 from ..decoding.build import DecodeSpec, build_decoder
 from ..decoding.engine import cloud_only, edge_only, speculative
 from ..decoding.link import Link
+from ..gating.gate_file import write_gate
 from ..metrics.bootstrap import bleu1_emotion
 from ..metrics.caption import score_captions
+from ..models.base import shared_vocab
+from ..models.loading import load_role
+from ..project import portable_path
+from ..tracking import Tracker
+from .gates import read_gates_json
+from .saved import champion_path, gate_from_document, load_gate
 from .trace_refs import training_clips
-from .workers import Decode
+from .workers import Decode, in_process
+
+OUT = Path("reports/promotion.json")
 
 
 def validation_clips(params: Params) -> dict[str, list[dict]]:
@@ -125,3 +141,38 @@ def decide(candidates: dict[str, dict], champion: dict | None, champion_score: d
         return {"promote": best, "reason": f"{best} {_describe(b)} beats {who} {_describe(champion_score)} "
                                            "on validation at equal budget"}
     return {"promote": None, "reason": f"{best} {_describe(b)} does not beat {who} {_describe(champion_score)}"}
+
+
+def run_promote(params: Params) -> dict:
+    """The `promote` stage, start to end: edge-only, cloud-only, each target's chosen gate and the
+    current champion decoded on the validation clips, the decision applied in the registry, the
+    champion shipped; reports/promotion.json is what it returns."""
+    torch.set_num_threads(params.sweep.threads * max(params.sweep.workers, 1))
+    gates_json = read_gates_json(params)
+    edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
+    shared_vocab(edge, cloud)
+    clips = validation_clips(params)
+    decode = in_process(params, edge, cloud)
+    ends = evaluate_ends(decode, params, clips)  # the gaps every gate is scored on
+    candidates = {}
+    for name in dict.fromkeys(gates_json["chosen"].values()):  # per target, the classifier chosen on validation
+        gate = load_gate(params, name)  # at the promote budget's threshold
+        candidates[name] = evaluate_gate(decode, gate, params, clips, ends) | {
+            "gates_key": gates_json["gates_key"], "version": gates_json["versions"][name]}
+    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "promote")
+    name = params.gates.registry_name
+    champ = tracker.champion(name)
+    champ_score = None
+    if champ is not None:
+        champ_score = evaluate_gate(decode, gate_from_document(tracker.load_gate(name, "champion"), name="champion"),
+                                    params, clips, ends)
+    decision = decide(candidates, champ, champ_score)
+    if decision["promote"]:
+        tracker.promote(name, candidates[decision["promote"]]["version"], decision["reason"])
+    shipped = write_gate(champion_path(params), tracker.load_gate(name, "champion"))
+    result = {"budget": params.gates.promote_budget, "ends": ends, "candidates": candidates,
+              "champion_before": champ, "champion_score": champ_score, **decision,
+              "champion_after": tracker.champion(name), "shipped": portable_path(shipped)}
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=1, default=str))
+    return result

@@ -11,15 +11,20 @@ so an interrupted run resumes and a new cloud captions again.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+
+from tqdm import tqdm
 
 from ..config import Params
 from ..data.emotions import detect_emotion
 from ..data.manifest import ManifestError, manifest_path, read_jsonl, read_manifest, write_jsonl
+from ..tracking import Tracker
 from . import folds, sweep, workers
 
 SPLITS = ("train", "val")
+REPORT = Path("reports/trace_refs.json")
 
 
 def refs_dir(params: Params) -> Path:
@@ -141,3 +146,26 @@ def training_clips(params: Params, split: str, language: str) -> list[dict]:
     if not path.exists():
         raise ManifestError(f"{path}: not found (run the trace_refs stage: dvc repro trace_refs)")
     return read_jsonl(path)
+
+
+def run_trace_refs(params: Params, params_path: str | None) -> dict:
+    """The `trace_refs` stage, start to end: the clips written with their references (the cloud
+    captioning those that need it), the counts to reports/trace_refs.json and to MLflow."""
+    total = count_cloud_captions(params)
+    pool = workers.Pool.for_stage(params, params_path, "trace_refs") if total else None
+    try:
+        with tqdm(total=total, desc="cloud references", unit="clip", disable=not total) as bar:
+            report = build_trace_refs(params, pool, progress=bar.update)
+    finally:
+        if pool is not None:
+            pool.close()
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text(json.dumps(report, indent=1))
+    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "trace_refs")
+    key = f"trace-refs-{report['models']}-{params.data.trace_references}"
+    with tracker.sweep(key, {"trace_references": params.data.trace_references}, {"sweep_key": key,
+                                                                                 "stage": "trace_refs"}) as parent:
+        for name, stats in report["splits"].items():
+            tracker.log_config(parent, f"{key}-{name}", f"trace-refs-{name}", {"split": name},
+                               {k: v for k, v in stats.items() if v is not None})
+    return report

@@ -2,7 +2,8 @@
 traces (the `traces` stage, gating.shadow) and WISV's verified-block traces (gating.traces).
 
 Each clip's rows are appended to `<dir>/<split>.<lang>.jsonl` as soon as it is traced, so an
-interrupted run picks up where it stopped; the stage then writes one Parquet table per split.
+interrupted run picks up where it stopped; the stage then writes one Parquet table per split
+(`run_traces`: the `traces` stage start to end).
 A shadow record carries its feature matrix as base64 float32 (with hidden states, JSON numbers
 would be ten times larger).
 """
@@ -18,11 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from ..config import Params, gate_decode
 from ..decoding.build import DecodeSpec, build_decoder
 from ..decoding.engine import speculative
 from ..decoding.link import Link
+from ..tracking import Tracker
 from . import sweep, workers
 from .trace_refs import training_clips
 
@@ -212,3 +215,30 @@ def shadow_summary(tables: dict[str, pd.DataFrame]) -> dict:
                       "mean_impact": float(judged["impact"].mean()) if len(judged) else 0.0,
                       "mean_emotion_gain": float(judged["impact_emotion"].mean()) if len(judged) else 0.0}
     return out
+
+
+SUMMARY = Path("reports/traces.json")
+
+
+def run_traces(params: Params, params_path: str | None) -> dict:
+    """The `traces` stage, start to end: every train and validation clip traced (resumable), the
+    tables written to data/traces/*.parquet, their summary to reports/traces.json and to MLflow."""
+    total = sum(len(trace_clips(params, s, lang)) for s in ("train", "val") for lang in params.data.languages)
+    pool = workers.Pool.for_stage(params, params_path, "traces", fn=shadow_one)
+    try:
+        with tqdm(total=total, desc="traces", unit="clip") as bar:
+            tables = collect(params, pool, TRACE_DIR, progress=bar.update)
+    finally:
+        pool.close()
+    for split, df in tables.items():
+        df.to_parquet(TRACE_DIR / f"{split}.parquet", index=False)
+    result = summary(tables)
+    SUMMARY.parent.mkdir(parents=True, exist_ok=True)
+    SUMMARY.write_text(json.dumps(result, indent=1))
+    key = traces_key(params)
+    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "traces")
+    with tracker.sweep(f"traces-{key}", {"traces": params.gates.traces.__dict__, "rank": params.decode.rank},
+                       {"sweep_key": f"traces-{key}", "stage": "traces"}) as parent:
+        for split, stats in result.items():
+            tracker.log_config(parent, f"traces-{key}-{split}", f"traces-{split}", {"split": split}, stats)
+    return result
