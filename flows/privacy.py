@@ -1,62 +1,18 @@
-"""DVC stage `privacy`: what the uplink reveals about the speech, as a Prefect flow.
-
-For what the edge sends (`uplink:`) and the candidates of `privacy.candidates`: speech rebuilt
-from each by two attackers (STOI against the original), and the voice named and verified from each.
-Writes reports/privacy/ and logs one MLflow run per representation in the "<experiment>-privacy"
-experiment.
-"""
+"""DVC stage `privacy`: what the uplink reveals about the speech (speccap.pipeline.privacy_stage),
+as a Prefect flow."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 from prefect import flow
 
 from flows import stage_main
 from speccap.config import load_params
-from speccap.pipeline.privacy import measure
-from speccap.pipeline.privacy_report import plot, render, target_met
-from speccap.tracking import Tracker
-
-OUT = Path("reports/privacy")
-
-
-def _metrics(w: dict) -> dict:
-    m = {"bytes_per_second": w["bytes_per_second"], "target_met": target_met(w)}
-    for name, ci in (("stoi", w["stoi"]), ("voice_id", w["voice_id"].get("accuracy"))):
-        if ci:
-            m |= {name: ci["value"], f"{name}_ci_low": ci["ci_low"], f"{name}_ci_high": ci["ci_high"]}
-    m |= {f"stoi_{k.replace(' ', '_')}": ci["value"] for k, ci in w["stoi_by_attacker"].items()}
-    if w["voice_id"]["measured"]:
-        v = w["voice_id"]
-        m |= {"commonest_voice": v["majority"], "speaker_eer": v["eer"]["value"], "speaker_eer_ci_low": v["eer"]["ci_low"],
-              "speaker_eer_ci_high": v["eer"]["ci_high"]}
-        m |= {f"voice_id_{k.replace(' ', '_')}": x for k, x in v["accuracy_by_attacker"].items()}
-    return m
+from speccap.pipeline.privacy_stage import run_privacy
 
 
 @flow(name="speccap-privacy")
 def privacy_flow(params_path: str | None = None) -> dict:
-    params = load_params(params_path)
-    result = measure(params, params.features.workers)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "privacy.json").write_text(json.dumps(result, indent=1) + "\n")
-    (OUT / "privacy.md").write_text(render(result))
-    plot(result, OUT / "privacy.png")
-    tracker = Tracker.for_stage(params.tracking.uri, params.tracking.experiment, "privacy")
-    key = f"privacy-{params.privacy.clips}-{params.privacy.train_clips}"
-    with tracker.sweep(key, {"privacy": params.privacy.__dict__}, {"sweep_key": key, "stage": "privacy"}) as parent:
-        for w in result["wires"]:
-            learned = {"learned_encoder": w["digest"]} if "learned" in w else {}  # rows, not bands
-            tracker.log_config(parent, f"{key}-{w['rows']}-{w['merge']}-{w['normalize']}"
-                               + (f"-{w['digest']}" if learned else ""), w["name"],
-                               {"representation": w["name"], "bands": w["rows"], "merge": w["merge"],
-                                "normalize": w["normalize"], "hop": w["hop"] * w["merge"], "sent_today": w["sent"],
-                                **learned}, _metrics(w))
-        tracker.log_artifacts(parent, [OUT / "privacy.md", OUT / "privacy.png", OUT / "privacy.json"])
-    return {"clips": result["clips"], "stoi": {w["name"]: round(w["stoi"]["value"], 3) for w in result["wires"]},
-            "target_met": [w["name"] for w in result["wires"] if target_met(w)]}
+    return run_privacy(load_params(params_path))
 
 
 if __name__ == "__main__":
