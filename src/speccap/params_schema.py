@@ -293,13 +293,13 @@ class SweepParams:
     detail_clips: Int = 0  # sweeps on the first `detail_clips` of them (0 = all of `clips`)
     workers: NonNeg = 2  # processes, each with the models loaded once
     threads: Count = 1  # torch threads per worker
-    # captions each worker decodes at once, one forward per model per step (batching.lockstep); above 1
-    # the clocks are charged by decode.cost (a shared forward's seconds are no caption's own)
-    batch: Count = 1
+    # captions each worker decodes at once, one forward per model per step (batching.lockstep); above 1 the
+    batch: Count = 1  # clocks are charged by decode.cost (a shared forward's seconds are no caption's own)
     # N > 0: batch-invariant stepping (batching.step_graphs.Invariant), every step over N rows at one shape:
     # on a GPU a caption then does not depend on its batch (N >= 2 x batch: a loop may hold two sessions)
     invariant_rows: NonNeg = 0
     prompt_cache_mb: NonNeg = 0  # prompts kept per model and worker, MiB (0: off; docs/decoding.md)
+    audio_cache_mb: NonNeg = 256  # clips' audio encodings kept the same way
     runs_dir: str = "reports/runs"
     # Q-S next to speculative sampling, every block verified, at this temperature: one configuration
     # per lattice level (0 = the adaptive policy choosing L and level per round) plus the dense baseline

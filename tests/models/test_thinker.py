@@ -1,8 +1,9 @@
+import numpy as np
 import pytest
 import torch
 
 from speccap.models.base import shared_vocab
-from speccap.models.thinker import PromptCache, audio_token_count
+from speccap.models.thinker import AudioCache, PromptCache, audio_token_count, prefill
 
 from .conftest import VOCAB, tiny_lm
 
@@ -134,3 +135,66 @@ def test_prompts_are_kept_per_clip_language_and_hidden_within_their_bytes(mel):
     assert (lm.prompts.misses, lm.prompts.hits) == (3, 1) and len(lm.prompts._kept) == 1
     with pytest.raises(ValueError, match="max_bytes"):
         PromptCache(0)
+
+
+def _clips(mel):
+    """Three clips of different lengths (the batch pads the shorter ones)."""
+    rng = np.random.default_rng(1)
+    return [(mel, "en"), (rng.standard_normal((128, 170)).astype(np.float32), "zh"),
+            (rng.standard_normal((128, 301)).astype(np.float32), "en")]
+
+
+def _out_bits(out):
+    return [out.logits, *out.hidden_states, *(t for layer in out.past_key_values.layers for t in (layer.keys, layer.values))]
+
+
+def test_a_prefill_is_the_models_own_forward_over_the_audio(family, mel):
+    """prefill places the audio encoding into the prompt itself: the same bits as the model's forward
+    given the features."""
+    lm = tiny_lm(family)
+    clips = _clips(mel)
+    with torch.inference_mode():
+        made = prefill(lm, clips, hidden=True)
+        ids = torch.full((3, max(made.lengths)), lm.pad_token_id)
+        attn, fmask = torch.zeros_like(ids), torch.zeros((3, 301), dtype=torch.long)
+        x = torch.zeros((3, 128, 301))
+        for i, (f, language) in enumerate(clips):
+            prompt = lm.prompt_ids(f.shape[1], language)
+            ids[i, : len(prompt)], attn[i, : len(prompt)] = torch.tensor(prompt), 1
+            x[i, :, : f.shape[1]], fmask[i, : f.shape[1]] = torch.from_numpy(f), 1
+        positions, _ = lm.model.model.get_rope_index(ids, None, None, attn, False, fmask.sum(-1), None)
+        own = lm.model(input_ids=ids, input_features=x, feature_attention_mask=fmask, attention_mask=attn,
+                       position_ids=positions, use_cache=True, output_hidden_states=True)
+    assert all(torch.equal(a, b) for a, b in zip(_out_bits(made.out), _out_bits(own), strict=True))
+
+
+def test_kept_audio_encodings_give_a_batch_prefill_its_own_bits(family, mel):
+    """Each clip encoded alone is what the encoder gives it in a batch, so a prefill from kept
+    encodings equals one that encodes its batch: keeping them changes no output."""
+    lm = tiny_lm(family)
+    clips = _clips(mel)
+    with torch.inference_mode():
+        batch = prefill(lm, clips, hidden=True).out
+        lm.audio = AudioCache(2**20)
+        prefill(lm, clips[1:2], hidden=True)
+        kept = prefill(lm, clips, hidden=True).out
+    assert (lm.audio.misses, lm.audio.hits) == (3, 1)
+    assert all(torch.equal(a, b) for a, b in zip(_out_bits(kept), _out_bits(batch), strict=True))
+    # a session's start reads the kept encoding too (by content, not by object)
+    lm.start(clips[2][0].copy(), "en")
+    assert lm.audio.hits == 2
+
+
+def test_audio_encodings_are_kept_within_their_bytes(mel):
+    lm = tiny_lm("qwen2_5_omni")
+    lm.audio = AudioCache(2**20)
+    one = lm.audio.get(lm, mel)
+    assert lm.audio.nbytes == one.numel() * one.element_size() > 0
+    other = mel.copy()
+    other[0, 0] += 1.0
+    lm.audio = AudioCache(lm.audio.nbytes + 1)  # room for one: the least recently used goes
+    for f in (mel, other, other, mel):
+        lm.audio.get(lm, f)
+    assert (lm.audio.misses, lm.audio.hits) == (3, 1) and len(lm.audio._kept) == 1
+    with pytest.raises(ValueError, match="max_bytes"):
+        AudioCache(0)

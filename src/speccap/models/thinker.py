@@ -64,6 +64,8 @@ class ThinkerLM(AudioLM):
         # prompts kept across the captions of one clip (a sweep decodes each clip once per configuration);
         # None: every session prefills its own
         self.prompts: PromptCache | None = None
+        # the audio encoder's output per clip, kept the same way (None: every prefill encodes its clips)
+        self.audio: AudioCache | None = None
 
     def fast(self) -> "fast_step.FastStep | None":
         """The lean decoding step over this model's weights, when it applies now. Whether the model
@@ -164,10 +166,58 @@ def prefill(lm: ThinkerLM, clips: list[tuple[np.ndarray, str]], hidden: bool = F
         attn[i, : len(prompt)] = 1
     ids, attn, fmask = ids.to(dev), attn.to(dev), fmask.to(dev)
     positions, delta = model.model.get_rope_index(ids, None, None, attn, False, fmask.sum(-1), None)
-    out = model(input_ids=ids, input_features=x.to(device=dev, dtype=lm.dtype), feature_attention_mask=fmask,
-                attention_mask=attn, position_ids=positions, use_cache=True, output_hidden_states=hidden)
+    if lm.audio is None:
+        audio = encode_audio(lm, x.to(device=dev, dtype=lm.dtype), fmask)
+    else:
+        audio = torch.cat([lm.audio.get(lm, f) for f in feats])
+    # the placeholders' embeddings replaced by the audio encoding, as the model's own forward does
+    embeds = model.get_input_embeddings()(ids)
+    at = (ids == lm.audio_id).unsqueeze(-1).expand_as(embeds)
+    embeds = embeds.masked_scatter(at, audio.to(embeds.device, embeds.dtype))
+    out = model(inputs_embeds=embeds, attention_mask=attn, position_ids=positions, use_cache=True,
+                output_hidden_states=hidden)
     return Prompts(out, [len(p) for p in prompts], [int(d) for d in delta.reshape(b, -1)[:, 0]],
                    [lm.blocked_ids(language) for _, language in clips])
+
+
+def encode_audio(lm: ThinkerLM, x: torch.Tensor, fmask: torch.Tensor) -> torch.Tensor:
+    """(sum of audio tokens, hidden): the audio encoder over a padded batch of features (b, n_mels,
+    frames) with its frame mask, every clip's tokens one after another."""
+    return lm.model.get_audio_features(x, fmask, return_dict=True).last_hidden_state
+
+
+class AudioCache:
+    """The audio encoder's output per clip of one model, kept across captions, least recently used
+    dropped past `max_bytes`. Each clip is encoded alone; the encoder packs a batch's clips along
+    its frames and attends within each clip, and on CPU a clip alone gives the bits it gets in any
+    batch (tests/models/test_thinker.py), so keeping them changes no caption, record or trace
+    feature: a sweep's configurations decode the same clips, and every one after the first skips
+    the audio encoder (the prompt's text forward still runs in the caption's own batch)."""
+
+    def __init__(self, max_bytes: int):
+        if max_bytes <= 0:
+            raise ValueError(f"an audio cache needs room: max_bytes = {max_bytes}")
+        self.max_bytes, self.nbytes = max_bytes, 0
+        self.hits = self.misses = 0
+        self._kept: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+
+    def get(self, lm: ThinkerLM, features: np.ndarray) -> torch.Tensor:
+        """(audio tokens, hidden) for the features (n_mels, frames); shared: callers do not change it."""
+        feats = np.ascontiguousarray(features, np.float32)
+        key = (hashlib.blake2b(feats.tobytes(), digest_size=16).digest(), feats.shape)
+        if key in self._kept:
+            self.hits += 1
+            self._kept.move_to_end(key)
+            return self._kept[key]
+        self.misses += 1
+        x = torch.from_numpy(feats)[None].to(device=lm.device, dtype=lm.dtype)
+        made = encode_audio(lm, x, torch.ones((1, feats.shape[1]), dtype=torch.long, device=lm.device))
+        self._kept[key] = made
+        self.nbytes += made.numel() * made.element_size()
+        while self.nbytes > self.max_bytes and len(self._kept) > 1:
+            gone = self._kept.popitem(last=False)[1]
+            self.nbytes -= gone.numel() * gone.element_size()
+        return made
 
 
 @dataclass(frozen=True)

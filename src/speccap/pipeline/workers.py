@@ -29,7 +29,7 @@ from ..decoding.link import Link
 from ..decoding.relink import link_log
 from ..fanout import WorkerPool
 from ..metrics.system import ResourceMonitor
-from ..models.thinker import PromptCache, ThinkerLM
+from ..models.thinker import AudioCache, PromptCache, ThinkerLM
 from .saved import cached_head, load_gate
 from .sweep import RunConfig, link_config, models_fingerprint, relinkable
 
@@ -99,10 +99,13 @@ def _init_worker(params_path: str | None, threads: int) -> None:
 
 
 def keep_prompts(params: Params, models) -> None:
-    """`sweep.prompt_cache_mb` of prompts kept per thinker of `models` (off at 0)."""
+    """`sweep.prompt_cache_mb` of prompts and `sweep.audio_cache_mb` of audio encodings kept per
+    thinker of `models` (each off at 0)."""
+    mib = 2**20
     for lm in models:
         if isinstance(lm, ThinkerLM):
-            lm.prompts = PromptCache(params.sweep.prompt_cache_mb * 2**20) if params.sweep.prompt_cache_mb else None
+            lm.prompts = PromptCache(params.sweep.prompt_cache_mb * mib) if params.sweep.prompt_cache_mb else None
+            lm.audio = AudioCache(params.sweep.audio_cache_mb * mib) if params.sweep.audio_cache_mb else None
 
 
 def learned_gates(params: Params, cache: dict):
