@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from speccap.models.base import shared_vocab
-from speccap.models.thinker import AudioCache, PromptCache, audio_token_count, prefill
+from speccap.models.thinker import AudioCache, PromptCache, audio_token_count, chunk_frames, prefill
 
 from .conftest import VOCAB, tiny_lm
 
@@ -169,32 +169,40 @@ def test_a_prefill_is_the_models_own_forward_over_the_audio(family, mel):
 
 
 def test_kept_audio_encodings_give_a_batch_prefill_its_own_bits(family, mel):
-    """Each clip encoded alone is what the encoder gives it in a batch, so a prefill from kept
-    encodings equals one that encodes its batch: keeping them changes no output."""
+    """A prefill from kept encodings equals one that encodes its batch, whatever the batch: clips of
+    several chunks, a clip of one chunk beside longer ones, beside shorter ones only, and alone
+    (the encoder's only chunk). Keeping them changes no output."""
     lm = tiny_lm(family)
-    clips = _clips(mel)
-    with torch.inference_mode():
-        batch = prefill(lm, clips, hidden=True).out
-        lm.audio = AudioCache(2**20)
-        prefill(lm, clips[1:2], hidden=True)
-        kept = prefill(lm, clips, hidden=True).out
-    assert (lm.audio.misses, lm.audio.hits) == (3, 1)
-    assert all(torch.equal(a, b) for a, b in zip(_out_bits(kept), _out_bits(batch), strict=True))
+    rng = np.random.default_rng(3)
+    chunk = chunk_frames(lm)
+    short = [(rng.standard_normal((128, n)).astype(np.float32), "en") for n in (chunk - 30, chunk // 2, chunk)]
+    batches = [_clips(mel), short, short[1:2], short[:2], short[2:], [_clips(mel)[2], short[1]], _clips(mel)[2:]]
+    kept = AudioCache(2**24)
+    for batch in batches:
+        with torch.inference_mode():
+            lm.audio = None
+            own = prefill(lm, batch, hidden=True).out
+            lm.audio = kept
+            from_kept = prefill(lm, batch, hidden=True).out
+        assert all(torch.equal(a, b) for a, b in zip(_out_bits(from_kept), _out_bits(own), strict=True))
+    assert kept.hits > 0 and kept.misses < sum(map(len, batches))
     # a session's start reads the kept encoding too (by content, not by object)
-    lm.start(clips[2][0].copy(), "en")
-    assert lm.audio.hits == 2
+    hits = kept.hits
+    lm.start(short[1][0].copy(), "en")
+    assert kept.hits == hits + 1
 
 
 def test_audio_encodings_are_kept_within_their_bytes(mel):
     lm = tiny_lm("qwen2_5_omni")
+    width = chunk_frames(lm)
     lm.audio = AudioCache(2**20)
-    one = lm.audio.get(lm, mel)
+    one = lm.audio.get(lm, mel, width, alone=True)
     assert lm.audio.nbytes == one.numel() * one.element_size() > 0
     other = mel.copy()
     other[0, 0] += 1.0
     lm.audio = AudioCache(lm.audio.nbytes + 1)  # room for one: the least recently used goes
     for f in (mel, other, other, mel):
-        lm.audio.get(lm, f)
+        lm.audio.get(lm, f, width, alone=True)
     assert (lm.audio.misses, lm.audio.hits) == (3, 1) and len(lm.audio._kept) == 1
     with pytest.raises(ValueError, match="max_bytes"):
         AudioCache(0)

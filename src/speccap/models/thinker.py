@@ -169,7 +169,8 @@ def prefill(lm: ThinkerLM, clips: list[tuple[np.ndarray, str]], hidden: bool = F
     if lm.audio is None:
         audio = encode_audio(lm, x.to(device=dev, dtype=lm.dtype), fmask)
     else:
-        audio = torch.cat([lm.audio.get(lm, f) for f in feats])
+        width = chunk_width(lm, max(frames))
+        audio = torch.cat([lm.audio.get(lm, f, width, alone=b == 1) for f in feats])
     # the placeholders' embeddings replaced by the audio encoding, as the model's own forward does
     embeds = model.get_input_embeddings()(ids)
     at = (ids == lm.audio_id).unsqueeze(-1).expand_as(embeds)
@@ -186,13 +187,30 @@ def encode_audio(lm: ThinkerLM, x: torch.Tensor, fmask: torch.Tensor) -> torch.T
     return lm.model.get_audio_features(x, fmask, return_dict=True).last_hidden_state
 
 
+def chunk_frames(lm: ThinkerLM) -> int:
+    """Both Qwen-Omni audio encoders cut a clip into chunks of 2 x n_window frames (the last one
+    shorter) and pad every chunk of a batch to the longest."""
+    return 2 * lm.model.config.audio_config.n_window
+
+
+def chunk_width(lm: ThinkerLM, longest: int) -> int:
+    """The frames every chunk is padded to when the encoder reads a batch whose longest clip has
+    `longest` frames."""
+    return min(chunk_frames(lm), longest)
+
+
 class AudioCache:
     """The audio encoder's output per clip of one model, kept across captions, least recently used
-    dropped past `max_bytes`. Each clip is encoded alone; the encoder packs a batch's clips along
-    its frames and attends within each clip, and on CPU a clip alone gives the bits it gets in any
-    batch (tests/models/test_thinker.py), so keeping them changes no caption, record or trace
-    feature: a sweep's configurations decode the same clips, and every one after the first skips
-    the audio encoder (the prompt's text forward still runs in the caption's own batch)."""
+    dropped past `max_bytes`. The encoder cuts a batch's clips into chunks, pads every chunk to the
+    batch's longest (`chunk_width`) and attends within each chunk. A clip of several chunks is
+    therefore encoded the same whatever its batch; a clip of one chunk depends on the width its
+    batch pads it to, and on whether it is the encoder's only chunk (then its attention takes
+    another path). So each clip is encoded without the others, but padded as its batch pads it
+    (beside a silent clip of that width where its batch had others), and kept under that width.
+    On CPU that gives it the bits its batch gives it (tests/models/test_thinker.py), so keeping
+    them changes no caption, record or trace feature: a sweep's configurations decode the same
+    clips, and every one after the first skips the audio encoder (the prompt's text forward still
+    runs in the caption's own batch)."""
 
     def __init__(self, max_bytes: int):
         if max_bytes <= 0:
@@ -201,17 +219,27 @@ class AudioCache:
         self.hits = self.misses = 0
         self._kept: OrderedDict[tuple, torch.Tensor] = OrderedDict()
 
-    def get(self, lm: ThinkerLM, features: np.ndarray) -> torch.Tensor:
-        """(audio tokens, hidden) for the features (n_mels, frames); shared: callers do not change it."""
+    def get(self, lm: ThinkerLM, features: np.ndarray, width: int, alone: bool) -> torch.Tensor:
+        """(audio tokens, hidden) for the features (n_mels, frames) in a batch that pads chunks to
+        `width` frames (its `chunk_width`) and holds other clips unless `alone`; shared: callers do
+        not change it."""
         feats = np.ascontiguousarray(features, np.float32)
-        key = (hashlib.blake2b(feats.tobytes(), digest_size=16).digest(), feats.shape)
+        frames = feats.shape[1]
+        one_chunk = frames <= chunk_frames(lm)
+        key = (hashlib.blake2b(feats.tobytes(), digest_size=16).digest(), feats.shape,
+               (width, alone) if one_chunk else None)
         if key in self._kept:
             self.hits += 1
             self._kept.move_to_end(key)
             return self._kept[key]
         self.misses += 1
-        x = torch.from_numpy(feats)[None].to(device=lm.device, dtype=lm.dtype)
-        made = encode_audio(lm, x, torch.ones((1, feats.shape[1]), dtype=torch.long, device=lm.device))
+        beside = one_chunk and not alone  # a silent clip of the batch's width beside it
+        x = torch.zeros((1 + beside, feats.shape[0], max(frames, width)))
+        fmask = torch.zeros((1 + beside, x.shape[2]), dtype=torch.long)
+        x[0, :, :frames], fmask[0, :frames] = torch.from_numpy(feats), 1
+        fmask[1:, :width] = 1
+        made = encode_audio(lm, x.to(device=lm.device, dtype=lm.dtype), fmask.to(lm.device))
+        made = made[: audio_token_count(lm.model, frames)].clone() if beside else made
         self._kept[key] = made
         self.nbytes += made.numel() * made.element_size()
         while self.nbytes > self.max_bytes and len(self._kept) > 1:
