@@ -3,6 +3,7 @@ captions with the same records when its model calls are packed with other captio
 forwards, and the loops' invariants hold batched."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -19,6 +20,8 @@ from speccap.decoding.stats import TokenStats, greedy_stats
 from speccap.decoding.verify import Rank
 from speccap.decoding.wisv.head import DecisionHead
 from speccap.decoding.wisv.rule import WISV
+from speccap.gating.features import TOKEN_SCALARS
+from speccap.gating.token_gates import LearnedTokenGate, fit_token_gate
 
 from ..models.conftest import tiny_lm
 
@@ -213,3 +216,72 @@ def test_a_step_summarizes_every_row_that_asks_in_one_call(pair, clips):
             assert got == greedy_stats(logits)[0]
             assert got.token == want.token
             assert got.entropy == pytest.approx(want.entropy, abs=1e-4)
+
+
+def _tree_gate_model(dim: int, kind: str = "lightgbm"):
+    """A token gate's model fitted on random rows of the width a `dim`-wide edge's rows have."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, len(TOKEN_SCALARS) + 1 + dim)).astype(np.float32)
+    x[:, len(TOKEN_SCALARS)] = rng.integers(1, 30, 600)
+    y = x[:, len(TOKEN_SCALARS) + 1] + x[:, 0] > 0.5
+    labels = pd.DataFrame({"critical": y, "mismatch": y, "clip_id": np.arange(600) // 20})
+    return fit_token_gate(x, labels, kind, "critical", dim, 0)
+
+
+def test_a_step_scores_every_loop_that_asks_in_one_call(pair, clips):
+    """A gate's scoring waits for the step's other loops and is done in one call for all of them,
+    each loop getting its own rows' scores to the bit, and the forwards are the same steps as
+    without it: every loop still meets the others at each forward."""
+    edge, _ = pair
+    model = _tree_gate_model(8)
+    calls = []
+
+    class Counted:  # the model, counting the rows of each call
+        exact_in_batch = True
+
+        def token_scores(self, x):
+            calls.append(len(x))
+            return model.token_scores(x)
+
+    def job(lm, scorer, mel, lang):
+        sess, out = lm.start(mel, lang), []
+        for t in (5, 6, 7):
+            logits = sess.extend([t]).logits[-1]
+            rows = np.resize(logits[:40].numpy(), (1 + t % 2, 8 + len(TOKEN_SCALARS) + 1))
+            out.append(scorer.token_scores(rows))
+        return out
+
+    alone = [job(edge, model, mel, lang) for mel, lang in clips[:4]]
+    ex = Lockstep(4)
+    e = ex.wrap(edge)
+    scorer = ex.scorer(Counted())
+    batched = dict(ex.map(lambda ij: (ij[0], job(e, scorer, *ij[1])), list(enumerate(clips[:4]))))
+    assert calls == [8, 4, 8]  # one call a step, every loop's rows in it (two rows at odd tokens)
+    pool = ex.pools[0]
+    assert pool.steps == 3 and pool.asked == 12  # three forwards of four rows each, as without scoring
+    for i, one in enumerate(alone):
+        for want, got in zip(one, batched[i], strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5)  # the logits' batched rounding, not the scoring's
+    # a model whose scores move in the last bits with the batch's shape scores alone
+    linear = _tree_gate_model(8, "logistic")
+    assert ex.scorer(linear) is linear and ex.scorer(model) is not model
+
+
+def test_a_learned_token_gate_decodes_the_same_captions_batched(pair, clips):
+    """A tree gate scoring through the executor (one call per step) flags the tokens it flags alone."""
+    edge, cloud = pair
+    model = _tree_gate_model(edge.model.config.get_text_config().hidden_size)
+
+    def settings(m):
+        gate = LearnedTokenGate(m, 0.5)
+        return SpecSettings(gate=gate, rule=make_rule("greedy"), policy=Fixed(4), max_new_tokens=MAX, cost=COST)
+
+    single = [speculative(edge, cloud, mel, lang, settings(model), Link(LinkConfig())) for mel, lang in clips]
+    flagged = [r.metrics()["escalations"] for r in single]
+    assert any(flagged), "the gate flagged nothing: nothing to compare"
+    ex = Lockstep(4)
+    e, c, m = ex.wrap(edge), ex.wrap(cloud), ex.scorer(model)
+    batched = dict(ex.map(lambda ij: (ij[0], speculative(e, c, *ij[1], settings(m), Link(LinkConfig()))),
+                          list(enumerate(clips))))
+    for i, rec in enumerate(single):
+        _same(rec, batched[i])

@@ -158,3 +158,20 @@ def test_the_gain_target_needs_the_impact_column():
     x, labels = _data(200, 0)
     with pytest.raises(ValueError, match="impact column.*dvc repro traces"):
         fit_token_gate(x, labels, "lightgbm", "gain", DIM, EOS)
+
+
+@pytest.mark.parametrize("kind", TOKEN_KINDS)
+def test_a_gate_that_says_it_is_exact_in_a_batch_scores_each_row_with_its_own_bits(kind):
+    """The batching executor scores the rows of many captions in one call only for a model whose
+    row scores do not depend on the rows beside them (`exact_in_batch`)."""
+    x, labels = _data(2000, 0)
+    model = fit_token_gate(x, labels, kind, "critical", DIM, EOS)
+    xv, _ = _data(600, 1)
+    alone = np.concatenate([model.token_scores(xv[i:i + 1]) for i in range(len(xv))])
+    cuts = np.cumsum(np.random.default_rng(2).integers(1, 40, 40))
+    together = np.concatenate([model.token_scores(part) for part in np.split(xv, cuts[cuts < len(xv)])])
+    assert model.exact_in_batch == (kind == "lightgbm")
+    if model.exact_in_batch:
+        assert np.array_equal(alone, together)
+    else:
+        np.testing.assert_allclose(alone, together, rtol=1e-5)

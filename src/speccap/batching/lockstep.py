@@ -73,6 +73,35 @@ class _Start:
         return pool.prefill([(a.features, a.language, a.hidden) for a in asks])
 
 
+class _Score:
+    """A loop's pending gate scoring: feature rows for a gate's model (`token_scores`)."""
+
+    __slots__ = ("pool", "rows")
+
+    def __init__(self, model, rows: np.ndarray):
+        self.pool, self.rows = model, rows
+
+    @staticmethod
+    def run(model, asks: list[_Score]) -> list[np.ndarray]:
+        """Every ask's scores from ONE call over all their rows."""
+        scores = model.token_scores(np.concatenate([a.rows for a in asks]))
+        return np.split(scores, np.cumsum([len(a.rows) for a in asks])[:-1])
+
+
+class SteppedScorer:
+    """A gate's model whose scoring goes through `executor.ask`: the rows the loops ask for in a
+    step are scored in one call. Anything else is the model's own."""
+
+    def __init__(self, model, executor: Lockstep):
+        self.model, self.executor = model, executor
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def token_scores(self, x: np.ndarray) -> np.ndarray:
+        return self.executor.ask(_Score(self.model, np.asarray(x, dtype=np.float32)))
+
+
 class Lockstep:
     """Runs jobs `batch` at a time (`map`), on the models `wrap` returns; `graphs` and `invariant`
     as RowPool's."""
@@ -89,7 +118,12 @@ class Lockstep:
         cannot share a step is returned as it is (its forwards then run one at a time)."""
         return stepped(lm, self, self.batch, self.pools, self.graphs, self.invariant)
 
-    def ask(self, ask: _Ask | _Start):
+    def scorer(self, model):
+        """`model` (a gate's) scoring with the other loops' rows in one call per step, where that
+        gives every row the bits it gets alone (`model.exact_in_batch`); else `model` as it is."""
+        return SteppedScorer(model, self) if getattr(model, "exact_in_batch", False) else model
+
+    def ask(self, ask: _Ask | _Start | _Score):
         """A loop's model call: parks the loop until the next step (outside `map`, runs at once)."""
         if self.hub is None or getcurrent() is self.hub:
             return ask.run(ask.pool, [ask])[0]
@@ -103,7 +137,7 @@ class Lockstep:
             raise RuntimeError("this executor is already running a batch")
         self.hub = getcurrent()
         queue = deque(jobs)
-        live: list[tuple[greenlet, _Ask | _Start]] = []  # each running loop and its pending call
+        live: list[tuple[greenlet, _Ask | _Start | _Score]] = []  # each running loop and its pending call
         try:
             while queue or live:
                 while queue and len(live) < self.batch:  # a finished loop's place goes to the next job
@@ -115,21 +149,35 @@ class Lockstep:
                         live.append((g, out))
                 if not live:
                     continue
-                results = step_all([ask for _, ask in live])
-                waiting = []
-                for (g, _), res in zip(live, results):
-                    # a call that failed raises inside its loop, where the loop's own handling sees it
-                    out = g.throw(res) if isinstance(res, Exception) else g.switch(res)
-                    if g.dead:
-                        yield out
-                    else:
-                        waiting.append((g, out))
-                live = waiting
+                live, ended = _step(live)
+                yield from ended
         finally:
             self.hub = None
 
 
-def step_all(asks: list[_Ask | _Start]) -> list:
+def _step(live: list[tuple[greenlet, object]]) -> tuple[list, list]:
+    """One step of the running loops: one forward per model over their calls, then, while some
+    wait on a gate's scoring, those scored (one call per gate model) and resumed: scoring is no
+    model work, so every loop meets the others at the next forward as if it had scored alone.
+    Returns the loops still running with their next calls, and the results of those that ended,
+    in the loops' order."""
+    pending: list = list(live)
+    ended = []
+    now = range(len(live))
+    while now:
+        results = step_all([pending[k][1] for k in now])
+        for k, res in zip(now, results):
+            g = pending[k][0]
+            # a call that failed raises inside its loop, where the loop's own handling sees it
+            out = g.throw(res) if isinstance(res, Exception) else g.switch(res)
+            pending[k] = None if g.dead else (g, out)
+            if g.dead:
+                ended.append((k, out))
+        now = [k for k, p in enumerate(pending) if p is not None and isinstance(p[1], _Score)]
+    return [p for p in pending if p is not None], [out for _, out in sorted(ended, key=lambda e: e[0])]
+
+
+def step_all(asks: list[_Ask | _Start | _Score]) -> list:
     """One forward per pool and kind of call over `asks` (at most one per row); each one's result,
     in order, or the exception its call raised: a forward that fails runs again call by call, so
     one caption's bad input fails that caption only (a failed forward changes no row's length)."""
@@ -148,7 +196,7 @@ def step_all(asks: list[_Ask | _Start]) -> list:
     return results
 
 
-def step_all_alone(asks: list[_Ask | _Start]) -> list:
+def step_all_alone(asks: list[_Ask | _Start | _Score]) -> list:
     """Each call in a forward of its own: its result, or the exception it raised."""
     outs = []
     for ask in asks:

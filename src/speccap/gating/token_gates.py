@@ -140,6 +140,9 @@ class LightGBMScorer:
     one the text loads, so a gate read back from its file scores exactly as it did when trained."""
 
     format = "lightgbm-model-text"
+    # each row walks the trees on its own: its score is the same bits in any batch (a matrix
+    # product's is not: its sums are blocked by the batch's shape)
+    exact_in_batch = True
 
     def __init__(self, model_text: str):
         import lightgbm
@@ -165,6 +168,7 @@ class LinearScorer:
     classifier (the scikit-learn pipeline's numbers, applied directly: its wrappers cost ~1 ms a call)."""
 
     format = "linear"
+    exact_in_batch = False
 
     def __init__(self, mean, scale, coef, intercept: float, logistic: bool):
         self.mean, self.scale = np.asarray(mean, dtype=float), np.asarray(scale, dtype=float)
@@ -190,6 +194,7 @@ class MLPScorer:
     """The MLP's standardization and two layers in float32 numpy (a torch call per token costs ~1 ms)."""
 
     format = "mlp-relu"
+    exact_in_batch = False
 
     def __init__(self, mean, std, weights, scale: float, logistic: bool):
         f32 = np.float32
@@ -257,6 +262,11 @@ class TokenGateModel:
         """logistic / mlp: without the raw token id (ids have no order); the token's uncertainty and
         the state that drafted it stand for it (LightGBM reads the id as a category)."""
         return np.delete(x, len(TOKEN_SCALARS), axis=1)
+
+    @property
+    def exact_in_batch(self) -> bool:
+        """Whether a row's score is the same bits whichever rows are scored with it."""
+        return self.scorer.exact_in_batch
 
     def token_scores(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float32)

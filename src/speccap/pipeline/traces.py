@@ -101,7 +101,7 @@ def dagger_one(w: workers.Worker, job: tuple) -> dict:
     spec = DecodeSpec.from_params(w.params, gate_decode(w.params), gate=d.gate, threshold=d.threshold, token=d.verify)
 
     def committed(mel, language):
-        settings = build_decoder(spec, learned=workers.learned_gates(w.params, w.cache))
+        settings = build_decoder(spec, learned=workers.learned_gates(w))
         return speculative(w.edge, w.cloud, mel, language, settings, Link(w.params.link, seed=w.params.seed)).token_ids
     return _shadow_record(w, job, ShadowSettings(d.rank, d.critical_margin, d.max_new_tokens, d.entropy_temperatures),
                           committed)

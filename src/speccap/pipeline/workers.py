@@ -41,11 +41,13 @@ _PROCESS: dict = {}
 @dataclass(frozen=True)
 class Worker:
     """What a worker process loaded once: the params, both models, and a cache of the learned
-    deciders its decoders load (gates, the WISV head)."""
+    deciders its decoders load (gates, the WISV head); `scoring` wraps a gate's model as it is
+    loaded (the batching executor's: Lockstep.scorer)."""
     params: Params
     edge: object
     cloud: object
     cache: dict
+    scoring: Callable | None = None
 
 
 def worker() -> Worker:
@@ -61,7 +63,9 @@ def stepped(batch: int) -> tuple[Lockstep, Worker]:
     key = (batch, id(w.edge), id(w.cloud))
     if key not in _PROCESS.setdefault("stepped", {}):
         ex = Lockstep(batch, invariant=invariance(w.params, (w.edge, w.cloud)))
-        _PROCESS["stepped"][key] = ex, replace(w, edge=ex.wrap(w.edge), cloud=ex.wrap(w.cloud))
+        # its own cache: the gates it loads score through it
+        _PROCESS["stepped"][key] = ex, replace(w, edge=ex.wrap(w.edge), cloud=ex.wrap(w.cloud), cache={},
+                                               scoring=ex.scorer)
     return _PROCESS["stepped"][key]
 
 
@@ -108,10 +112,11 @@ def keep_prompts(params: Params, models) -> None:
             lm.audio = AudioCache(params.sweep.audio_cache_mb * mib) if params.sweep.audio_cache_mb else None
 
 
-def learned_gates(params: Params, cache: dict):
-    """How the decoders of a process load learned gates: from models/gates/, each file read once."""
-    return lambda spec: load_gate(params, spec.gate, spec.threshold, cache=cache.setdefault("gates", {}),
-                                  fold=spec.fold)
+def learned_gates(w: Worker):
+    """How the decoders of worker `w` load learned gates: from models/gates/, each file read and
+    its model built once, then wrapped by `w.scoring`."""
+    return lambda spec: load_gate(w.params, spec.gate, spec.threshold, cache=w.cache.setdefault("gates", {}),
+                                  fold=spec.fold, through=w.scoring)
 
 
 def caption_one(w: Worker, job: tuple[RunConfig, str]) -> dict:
@@ -129,7 +134,7 @@ def caption_one(w: Worker, job: tuple[RunConfig, str]) -> dict:
             rec = cloud_only(w.cloud, mel, cfg.language, link, max_new, params.decode.temperature, params.seed,
                              params.decode.cloud_time_scale, CostModel.from_params(params.decode.cost))
         else:
-            settings = build_decoder(cfg.spec, learned=learned_gates(params, w.cache),
+            settings = build_decoder(cfg.spec, learned=learned_gates(w),
                                      head=cached_head(params, w.cache) if cfg.spec.rule == "wisv" else None,
                                      link=link, vocab=w.edge.vocab_size)
             rec = speculative(w.edge, w.cloud, mel, cfg.language, settings, link)
