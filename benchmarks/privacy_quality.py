@@ -10,8 +10,9 @@ learned uplink, `-a[weight]` with a speaker adversary: `uplink:` params): the em
 that view of the pipeline's features exactly as the `train` stage trains it with those `uplink:`
 params (in benchmarks/out/privacy_quality/<candidate>/, the tokenizer shared; a learned uplink's
 encoder trained with it), then cloud-only captions of the first `--clips` test clips per language,
-the cloud reading that view. A learned uplink is not among the privacy stage's candidates (it needs
-this training), so here the privacy stage's own measurement runs on it: speech rebuilt by the learned
+the cloud reading that view (`-q<bits>`: each value sent as a code of that many bits). A learned or
+quantised uplink is not among the privacy stage's candidates, so here the privacy stage's own
+measurement runs on it: speech rebuilt by the learned
 inverter (STOI), the voice named and verified by classifiers retrained on it.
 Against the decode sweep's edge-only and cloud-only captions of the same clips
 (reports/decode_summary.json: the cloud on the log-mel sent today): BLEU-1 and emotion hit with 95%
@@ -55,20 +56,24 @@ def _candidate_params(params, uplink: UplinkParams, where: Path):
 
 
 def parse_candidate(text: str) -> UplinkParams:
-    """"128x8" -> 128 bands, 8 frames merged; a trailing "c": clip-normalised; "L16x8c-a0.5": a learned
-    encoder sending 16 rows per 8 frames, clip-normalised, trained against a speaker adversary of weight 0.5."""
+    """"128x8" -> 128 bands, 8 frames merged; a trailing "c": clip-normalised; "-q4": each value sent as a
+    4-bit code; "L16x8c-a0.5": a learned encoder sending 16 rows per 8 frames, clip-normalised, trained
+    against a speaker adversary of weight 0.5."""
     try:
-        view, _, adversary = text.partition("-a")
+        view, _, bits = text.partition("-q")
+        view, _, adversary = view.partition("-a")
         norm = "clip" if view.endswith("c") else "none"
         rows, merge = (int(x) for x in view.rstrip("c").lstrip("L").split("x"))
         if view.startswith("L"):
+            if bits:
+                raise ValueError("codes of fewer bits are for a hand-made view")
             return UplinkParams(None, merge, norm, LearnedUplinkParams(rows, adversary=float(adversary or 0)))
         if adversary:
             raise ValueError("an adversary trains a learned uplink only")
-        return UplinkParams(rows, merge, norm)
-    except ValueError as exc:
-        raise SystemExit(f"--candidates {text}: expected [bands]x[merge][c] or L[rows]x[merge][c][-a<weight>] ({exc})") \
-            from None
+        return UplinkParams(rows, merge, norm, bits=int(bits or 16))
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"--candidates {text}: expected [bands]x[merge][c][-q<bits>] or "
+                         f"L[rows]x[merge][c][-a<weight>] ({exc})") from None
 
 
 def _stats(summary: dict, name: str, ids: list[str]) -> ClipStats:
@@ -86,7 +91,7 @@ def _cloud_stats(p, cloud, clips: list[dict], lang: str) -> ClipStats:
 
 
 def _revealed(p, where: Path) -> dict:
-    """The privacy stage's measurement of the learned uplink alone (kept in the candidate's folder)."""
+    """The privacy stage's measurement of the candidate alone (kept in the candidate's folder)."""
     path = where / "privacy.json"
     if not path.exists():
         solo = dataclasses.replace(p, privacy=dataclasses.replace(p.privacy, candidates=()))
@@ -113,7 +118,7 @@ def run(candidates: list[str], n_clips: int, out_root: Path) -> dict:
                **dataclasses.asdict(uplink), "languages": {},
                "bytes_per_second": cloud.uplink.bytes_per_second(params.features.n_mels, params.features.sample_rate,
                                                                  params.features.hop_length)}
-        if uplink.learned is not None:
+        if uplink.learned is not None or uplink.bits < 16:  # not among the privacy stage's candidates
             row["privacy"] = _revealed(p, where)
         for lang, clips in test.items():
             ids = [c["id"] for c in clips]
@@ -158,7 +163,8 @@ def markdown(r: dict) -> str:
 
 
 def revealed(c: dict, stage: dict) -> dict | None:
-    """What the candidate reveals: measured here for a learned uplink, by the privacy stage for a view."""
+    """What the candidate reveals: measured here for a learned or quantised uplink, by the privacy stage for a
+    view."""
     if "privacy" in c:
         return c["privacy"]["wires"][0]
     return next((w for w in stage["wires"] if w["name"] == c["name"]), None)
@@ -198,8 +204,8 @@ def frontier(r: dict) -> list[str]:
     out = ["", "## The frontier: what each uplink reveals against what the cloud keeps", "",
            f"Targets (issue 50): rebuilt-speech STOI at most {STOI_MAX} and speaker EER at least {EER_MIN}% against "
            f"the learned attackers, while the cloud keeps at least {KEPT_MIN}% of every gap. What a view reveals is the "
-           "privacy stage's (reports/privacy/privacy.md); a learned uplink's is measured here the same way on its "
-           "encoder. Figure: privacy_frontier.png.", "",
+           "privacy stage's (reports/privacy/privacy.md); a learned or quantised uplink's is measured here the same "
+           "way on what it sends. Figure: privacy_frontier.png.", "",
            f"| representation | bytes / s | STOI (attacker) | speaker EER % | voice identified % | {head} |",
            "|---|---|---|---|---|" + "---|" * (2 * len(langs))] + rows
     met = [c["name"] for c, w in points if _meets(c, w)]
@@ -289,8 +295,8 @@ def merged(r: dict, old_path: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--candidates", nargs="+", default=["128x8", "8x1c", "128x8c", "16x16c"],
-                    help="[bands]x[frames merged], c: clip-normalised; L[rows]x[merge][c][-a<weight>]: learned "
-                         "(uplink: params)")
+                    help="[bands]x[frames merged], c: clip-normalised, -q<bits>: codes of that many bits; "
+                         "L[rows]x[merge][c][-a<weight>]: learned (uplink: params)")
     ap.add_argument("--clips", type=int, default=100, help="test clips per language")
     ap.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "out" / "privacy_quality")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "privacy_quality")

@@ -3,6 +3,8 @@ measures what it reveals."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from .params_types import Count, NonNegFloat, Normalize, params_class
 
 
@@ -26,6 +28,7 @@ class UplinkParams:
     merge: Count = 1  # frames averaged into one
     normalize: Normalize = "none"  # clip: each band's mean and spread over the clip removed
     learned: LearnedUplinkParams | None = None  # an encoder learned with the cloud instead of pooled bands
+    bits: Literal[2, 3, 4, 5, 6, 7, 8, 16] = 16  # per value sent: 16 = float16, fewer = quantised codes (a view's)
 
 
 @params_class

@@ -5,7 +5,7 @@ import pytest
 
 from speccap.config import ConfigError, load_params
 from speccap.data.features import log_mel
-from speccap.data.uplink import Uplink
+from speccap.data.uplink import Uplink, dequantise, quantise
 from speccap.decoding import packets
 
 
@@ -64,6 +64,8 @@ def test_bad_settings_name_the_param(mel):
         Uplink(200).encode(mel)
     with pytest.raises(ValueError, match=r"\(n_mels, frames\)"):
         Uplink(8).encode(mel[:, :0])
+    with pytest.raises(ValueError, match="uplink.bits: 12"):
+        Uplink(8, 1, "none", 12)
 
 
 def test_params_refuse_an_uplink_a_real_cloud_cannot_read(tmp_path):
@@ -93,3 +95,48 @@ def test_params_name_what_a_learned_uplink_cannot_be(tmp_path):
              "params key uplink: a qwen2_5_omni cloud")
     for bad in ("{rows: 0}", "{adversary: -1.0}", "{layers: 2}"):
         _refused(base, f"uplink: {{learned: {bad}}}\n", "uplink.learned")
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_quantised_views_cross_the_link_exactly_at_their_bits(mel, bits):
+    """Each row on a lattice of 2^bits values a power-of-two step apart: the packet carries the codes
+    and each row's lattice, the cloud reads back exactly what the edge computed (quantising those
+    values again changes nothing), and every value is within half a step of the float16 view."""
+    u = Uplink(16, 2, "clip", bits)
+    wire, fine = u.encode(mel), Uplink(16, 2, "clip").encode(mel)
+    assert wire.dtype == np.float32 and wire.shape == fine.shape and not u.identity
+    codes, lows, exponents = quantise(wire, bits)
+    assert np.array_equal(dequantise(codes, lows, exponents), wire) and codes.max() < 2**bits
+    assert all(len(np.unique(row)) <= 2**bits for row in wire)
+    steps = np.exp2(quantise(fine, bits)[2].astype(float))
+    assert (np.abs(wire - fine) <= steps[:, None] / 2 + 1e-3).all()  # float16's own rounding beside
+    assert ((fine.max(1) - fine.min(1)) / steps <= 2**bits - 2).all()  # the smallest step that spans each row
+    sent = packets.features_packet(1, wire, "en", u.wire_dtype)
+    _, back, _, sent_bits = packets.parse_features_bits(sent)
+    assert np.array_equal(back, wire) and sent_bits == bits == int(u.wire_dtype[1:])
+    assert len(sent) == 12 + 8 + 1 + 5 * 16 + -(-wire.size * bits // 8)
+    assert u.bytes_per_second(128, 16000, 320) == pytest.approx(bits / 8 * 16 * 16000 / 640)
+    assert u.name(128, 320).endswith(f"clip-normalised, {bits}-bit")
+    with pytest.raises(packets.PacketError, match=f"not values of a {bits}-bit uplink"):
+        packets.features_packet(1, fine, "en", u.wire_dtype)
+
+
+def test_a_row_that_never_moves_or_sits_far_from_zero_is_quantised_exactly():
+    rows = np.stack([np.zeros(40), np.full(40, 3.3), 7.0 + 1e-6 * np.arange(40),
+                     100.0 * np.sin(np.arange(40))]).astype(np.float32)
+    for bits in (2, 3, 8):
+        codes, lows, exponents = quantise(rows, bits)
+        once = dequantise(codes, lows, exponents)
+        assert np.array_equal(dequantise(*quantise(once, bits)), once)
+        assert (np.abs(once - rows) <= np.exp2(exponents.astype(float))[:, None] / 2).all()
+        assert not once[0].any() and np.abs(once[1] - 3.3).max() < 1e-6  # a constant row: its value, to float32's grain
+
+
+def test_params_name_what_bits_cannot_be(tmp_path):
+    base = tmp_path / "params.yaml"
+    base.write_text("uplink: {bands: 16, normalize: clip, bits: 4}\n")
+    assert Uplink.from_params(load_params(base).uplink) == Uplink(16, 1, "clip", 4)
+    _refused(base, "uplink: {bits: 12}\n", "uplink.bits")
+    _refused(base, "uplink: {bits: 4, learned: {rows: 8}}\n", "uplink.bits: 4-bit codes are for a hand-made view")
+    _refused(base, "uplink: {bits: 8}\nmodels: {cloud: {backend: qwen2_5_omni, path: /nowhere}}\n",
+             "params key uplink: a qwen2_5_omni cloud")

@@ -97,16 +97,18 @@ def test_client_side_link_emulation_waits_the_link_models_time(pair, clips, serv
     assert slowed.total_time == pytest.approx(slowed.edge_compute + slowed.network["net_rtt"] + predicted, rel=0.05)
 
 
-def test_a_cloud_on_a_coarse_uplink_gets_the_same_view_over_the_network(pair, clips, serve, client_for):
+@pytest.mark.parametrize("bits", [16, 4])
+def test_a_cloud_on_a_coarse_uplink_gets_the_same_view_over_the_network(pair, clips, serve, client_for, bits):
     """The served cloud's /v1/info names its uplink; the edge sends that view of the clip (16 pooled,
-    clip-normalised bands, 3 frames merged, float16) and the captions, rounds and bytes equal the
-    in-process loop's, whose cloud reads the same view. The plain log-mel is refused by name."""
+    clip-normalised bands, 3 frames merged, float16 or 4-bit codes) and the captions, rounds and bytes
+    equal the in-process loop's, whose cloud reads the same view. The plain log-mel, and a view at
+    other bits, are refused by name."""
     edge = pair[0]
     cloud = tiny_lm("qwen2_5_omni", seed=2, n_mels=16)
-    cloud.uplink = Uplink(16, 3, "clip")
+    cloud.uplink = Uplink(16, 3, "clip", bits)
     client = client_for(serve(lm=cloud))
     info = client.info()
-    assert info["uplink"] == {"bands": 16, "merge": 3, "normalize": "clip"} and info["n_mels"] == 16
+    assert info["uplink"] == {"bands": 16, "merge": 3, "normalize": "clip", "bits": bits} and info["n_mels"] == 16
     for case in CASES[:3]:
         for _, mel in clips:
             ref = speculative(edge, cloud, mel, "en", settings(**copy.deepcopy(case)), link())
@@ -115,11 +117,16 @@ def test_a_cloud_on_a_coarse_uplink_gets_the_same_view_over_the_network(pair, cl
             assert _packets(got) == _packets(ref)
             wire = cloud.uplink.encode(mel)
             assert wire.shape == (16, -(-mel.shape[1] // 3))
+            values = 2 * wire.size if bits == 16 else 1 + 5 * 16 + -(-wire.size * bits // 8)  # codes + lattices
             sent = [p["bytes"] for p in got.packets if p["kind"] == "features"]
-            assert sent == [12 + 16 + 12 + 8 + 2 * wire.size]  # OPEN + FEATURES headers, float16 values
-            assert [p["bytes"] for p in ref.packets if p["kind"] == "features"] == [12 + 8 + 2 * wire.size]
+            assert sent == [12 + 16 + 12 + 8 + values]  # OPEN + FEATURES headers, then the values
+            assert [p["bytes"] for p in ref.packets if p["kind"] == "features"] == [12 + 8 + values]
     plain = caption_remote(edge, client, {**info, "uplink": {}}, clips[0][1], "en", settings(), link())
     assert plain.network["fallback"] > 0 and "128 mel bands, the model takes 16" in plain.network["fallback_reasons"][0]
+    other = {**info, "uplink": {**info["uplink"], "bits": 8 if bits == 16 else 16}}
+    refused = caption_remote(edge, client, other, clips[0][1], "en", settings(), link())
+    assert refused.network["fallback"] > 0 and f"the model reads a {bits}-bit uplink" in \
+        refused.network["fallback_reasons"][0]
 
 
 def test_a_learned_uplink_runs_alike_in_process_and_over_the_network(pair, clips, serve, client_for, tmp_path):

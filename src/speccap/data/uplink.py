@@ -9,8 +9,13 @@ result is rounded to float16, as it crosses the link, in-process too: the cloud 
 bytes a networked edge sends. The cloud must be trained on the same view (the `train` stage trains
 the embedded cloud on it; a real checkpoint reads only the plain log-mel).
 
-The identity (all bands, merge 1, no normalisation) returns the features untouched: what the edge
-has always sent.
+With `bits` below 16 each row of the view is quantised instead (`quantise`): `bits`-bit codes on a
+lattice lo + code x 2^e per row, lo and e chosen per clip. The step is a power of two and lo a
+multiple of it, so the lattice's values are exact in float32 and quantising them again gives the
+same values: what the edge computes here is what the cloud reads from the packet (decoding.packets).
+
+The identity (all bands, merge 1, no normalisation, 16 bits) returns the features untouched: what the
+edge has always sent.
 """
 
 from __future__ import annotations
@@ -23,6 +28,34 @@ import numpy as np
 from ..params_types import Normalize
 
 NORM_EPS = 1e-3  # a band that never moves in a clip is sent as zeros, not blown up
+BITS = (2, 3, 4, 5, 6, 7, 8, 16)  # per value sent: 16 = float16, fewer = quantised codes
+_E_MIN = -24  # the finest step a row is quantised at (a row that never moves: its value, exactly)
+
+
+def quantise(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes (rows, frames) uint8, lows (rows,) float32, exponents (rows,) int8): each row of `x` on
+    the lattice low + code x 2^exponent, the smallest power-of-two step whose 2^bits - 1 codes span
+    the row, low a multiple of the step at or below its minimum, each value rounded to the nearest."""
+    if bits not in BITS or bits == 16:
+        raise ValueError(f"uplink.bits: {bits} (codes of 2 to 8 bits are quantised; 16 sends float16)")
+    x = np.asarray(x, dtype=np.float64)
+    lo, hi = x.min(1), x.max(1)
+    span_steps = (1 << bits) - 2  # one step kept for low rounding down
+    with np.errstate(divide="ignore"):
+        e = np.ceil(np.log2(np.maximum(hi - lo, 0.0) / span_steps))
+        # low = k x 2^e with |k| < 2^23: exact in float32, and so is every low + code x 2^e
+        e = np.maximum(e, np.ceil(np.log2(np.abs(lo) + np.abs(hi) + 1e-30)) - 23)
+    e = np.clip(np.nan_to_num(e, neginf=_E_MIN), _E_MIN, 127).astype(np.int8)
+    step = np.exp2(e.astype(np.float64))[:, None]
+    low = np.floor(lo[:, None] / step) * step
+    codes = np.clip(np.rint((x - low) / step), 0, (1 << bits) - 1).astype(np.uint8)
+    return codes, low[:, 0].astype(np.float32), e
+
+
+def dequantise(codes: np.ndarray, lows: np.ndarray, exponents: np.ndarray) -> np.ndarray:
+    """The float32 values `quantise` coded (exact: each is a small multiple of a power of two)."""
+    step = np.exp2(np.asarray(exponents, dtype=np.float64))[:, None]
+    return (np.asarray(lows, dtype=np.float64)[:, None] + codes.astype(np.float64) * step).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -30,6 +63,7 @@ class Uplink:
     bands: int | None = None  # None: every mel band of the features
     merge: int = 1  # frames averaged into one
     normalize: Normalize = "none"
+    bits: int = 16  # per value sent (BITS): 16 = float16, fewer = quantised (`quantise`)
     learned: ClassVar[bool] = False  # a hand-made view (speccap.models.learned_uplink: a learned one)
     digest: ClassVar[str] = ""  # what names a learned encoder's weights; a view is named by its fields
 
@@ -40,18 +74,25 @@ class Uplink:
             raise ValueError(f"uplink.merge: {self.merge} (expected a positive count of frames)")
         if self.normalize not in ("none", "clip"):
             raise ValueError(f"uplink.normalize: {self.normalize!r} (expected 'none' or 'clip')")
+        if self.bits not in BITS:
+            raise ValueError(f"uplink.bits: {self.bits} (expected one of {BITS})")
 
     @classmethod
     def from_params(cls, spec) -> "Uplink":
         """From the params section (`Params.uplink`)."""
-        return cls(spec.bands, spec.merge, spec.normalize)
+        return cls(spec.bands, spec.merge, spec.normalize, spec.bits)
 
     def to_dict(self) -> dict:
-        return {"bands": self.bands, "merge": self.merge, "normalize": self.normalize}
+        return {"bands": self.bands, "merge": self.merge, "normalize": self.normalize, "bits": self.bits}
 
     @property
     def identity(self) -> bool:
-        return self.bands is None and self.merge == 1 and self.normalize == "none"
+        return self.bands is None and self.merge == 1 and self.normalize == "none" and self.bits == 16
+
+    @property
+    def wire_dtype(self) -> str:
+        """How the values cross the link (decoding.packets.features_packet)."""
+        return "float16" if self.bits == 16 else f"q{self.bits}"
 
     def rows(self, n_mels: int) -> int:
         """Rows of what is sent for features of `n_mels` bands."""
@@ -68,14 +109,16 @@ class Uplink:
 
     def name(self, n_mels: int, hop: int) -> str:
         text = f"log-mel {self.rows(n_mels)} bands, hop {hop * self.merge}"
-        return text + (", clip-normalised" if self.normalize == "clip" else "")
+        text += ", clip-normalised" if self.normalize == "clip" else ""
+        return text + (f", {self.bits}-bit" if self.bits < 16 else "")
 
     def bytes_per_second(self, n_mels: int, sample_rate: int, hop: int) -> float:
-        """float16 values per second of audio, 2 bytes each."""
-        return 2.0 * self.rows(n_mels) * sample_rate / (hop * self.merge)
+        """Bytes of values per second of audio, `bits` each (a quantised clip adds 5 bytes a row)."""
+        return self.bits / 8 * self.rows(n_mels) * sample_rate / (hop * self.merge)
 
     def encode(self, features: np.ndarray) -> np.ndarray:
-        """(n_mels, frames) log-mel -> (rows, ceil(frames / merge)) float32 holding float16 values."""
+        """(n_mels, frames) log-mel -> (rows, ceil(frames / merge)) float32 holding float16 values, or
+        the quantised values with `bits` below 16."""
         x = np.asarray(features, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] == 0:
             raise ValueError(f"uplink: features must be (n_mels, frames) with frames, got shape {x.shape}")
@@ -92,4 +135,6 @@ class Uplink:
         out = (np.log10(np.maximum(power, 1e-10)) + 4.0) / 4.0
         if self.normalize == "clip":
             out = (out - out.mean(1, keepdims=True)) / (out.std(1, keepdims=True) + NORM_EPS)
+        if self.bits < 16:
+            return dequantise(*quantise(out, self.bits))
         return out.astype(np.float16).astype(np.float32)

@@ -55,7 +55,7 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
     role = "edge" if link is None else "cloud"
     with ResourceMonitor() as mon:
         if link is not None:
-            books.send(link, "up", "features", packets.features_packet(1, features, language))
+            books.send(link, "up", "features", packets.features_packet(1, features, language, lm.uplink.wire_dtype))
         session = books.prefill(role, lm.start, features, language, scale=time_scale,
                                 work=Work(method, features.shape[-1], prefill=True))
 

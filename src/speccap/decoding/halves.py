@@ -173,6 +173,7 @@ class CloudHalf(Transport):
         super().__init__(s.rule, books)
         self.s, self.language = s, language
         self.features = books.sent(lm.uplink, features)  # what the edge sends for the clip's log-mel `features`
+        self.wire_dtype = lm.uplink.wire_dtype  # how: float16, or a quantised uplink's codes
         self.session = CloudSession(lm, self.features, language, s.rule, s.seed, s.cloud_cache)
         self.session.keep_hidden |= s.trace_hidden
         self._verdict = None  # the round's verdict, reached in `verify` (WISV's question included)
@@ -197,7 +198,8 @@ class CloudHalf(Transport):
     # ---- the transport: the blocking loop's rounds on the link model and the virtual clock ----
     def opened(self, link: Link, session_id: int, seq: int) -> tuple[int, int]:
         if self.sess is None:
-            self.post(link, "up", "features", packets.features_packet(session_id, self.features, self.language))
+            self.post(link, "up", "features", packets.features_packet(session_id, self.features, self.language,
+                                                                         self.wire_dtype))
         return session_id, seq
 
     def post(self, link: Link, direction: str, kind: str, packet: bytes) -> None:

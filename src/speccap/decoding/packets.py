@@ -2,7 +2,9 @@
 
 Wire format (version 1), little-endian, each packet = 12-byte header + body:
   header: magic b"SC" | version u8 | kind u8 | session u32 | seq u32
-  FEATURES   body: n_mels u16 | frames u32 | dtype u8 (1 = float16, 2 = float32) | language u8 | data
+  FEATURES   body: n_mels u16 | frames u32 | dtype u8 (1 = float16, 2 = float32, 3 = quantised) | language u8 |
+             data; quantised (data.uplink.quantise): bits u8 | n_mels x (low f32 | exponent i8) |
+             bit-packed codes, row after row
   VERIFY     body: bits u8 | n_sync u16 | n_draft u16 | bit-packed token ids (sync then draft)
   VERDICT    body: bits u8 | accepted u16 | has_token u8 | bit-packed token id
   PIPELINED  body: bits u8 | epoch u16 | n_sync u16 | n_draft u16 | has_guess u8 |
@@ -37,6 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..data.uplink import dequantise, quantise
+
 MAGIC = b"SC"
 VERSION = 1
 FEATURES, VERIFY, VERDICT, PIPELINED, OPEN, HIDDEN, MISMATCH = 1, 2, 3, 4, 5, 6, 7
@@ -48,6 +52,8 @@ _PIPELINED = struct.Struct("<BHHHB")
 _OPEN = struct.Struct("<BHfQB")
 LANGUAGES = ("en", "zh")
 DTYPES = {1: np.float16, 2: np.float32}  # wire code -> numpy dtype
+QUANTISED = 3  # the FEATURES dtype code of quantised values (data.uplink.quantise)
+_ROW_LATTICE = np.dtype([("low", "<f4"), ("exponent", "i1")])
 RULES = {1: "rank", 2: "spec_sampling", 3: "qs", 4: "sq", 5: "wisv"}
 _CSI = struct.Struct("<4f")
 # the HTTP header of an OPEN request naming the learned uplink encoder (its digest) the features were
@@ -114,17 +120,50 @@ def dtype_code(name: str) -> int:
 
 
 def features_packet(session: int, features: np.ndarray, language: str, dtype: str = "float16") -> bytes:
-    code = dtype_code(dtype)
-    mel = np.ascontiguousarray(features, dtype=DTYPES[code])
+    """The clip's features as `dtype`: "float16", "float32", or "q<bits>" for values an uplink of
+    that many bits made (data.uplink: each row's codes and lattice; refused when the values are not
+    on one, as nothing else would make them)."""
+    mel = np.asarray(features)
     if mel.ndim != 2:
         raise PacketError(f"features must be (n_mels, frames), got shape {mel.shape}")
     if language not in LANGUAGES:
         raise PacketError(f"language must be one of {LANGUAGES}, got {language!r}")
-    return (_header(FEATURES, session, 0) + _FEATURES.pack(mel.shape[0], mel.shape[1], code, LANGUAGES.index(language))
-            + mel.tobytes())
+    head = _header(FEATURES, session, 0)
+    if dtype.startswith("q"):
+        bits = int(dtype[1:])
+        codes, lows, exponents = quantise(mel, bits)
+        if not np.array_equal(dequantise(codes, lows, exponents), mel.astype(np.float32)):
+            raise PacketError(f"features are not values of a {bits}-bit uplink (data.uplink.quantise)")
+        lattice = np.empty(len(lows), _ROW_LATTICE)
+        lattice["low"], lattice["exponent"] = lows, exponents
+        return (head + _FEATURES.pack(mel.shape[0], mel.shape[1], QUANTISED, LANGUAGES.index(language))
+                + bytes([bits]) + lattice.tobytes() + pack_codes(codes.ravel(), bits))
+    code = dtype_code(dtype)
+    values = np.ascontiguousarray(mel, dtype=DTYPES[code])
+    return head + _FEATURES.pack(mel.shape[0], mel.shape[1], code, LANGUAGES.index(language)) + values.tobytes()
+
+
+def pack_codes(codes: np.ndarray, bits: int) -> bytes:
+    """uint8 codes below 2^bits as `bits`-bit big-endian fields, zero-padded to whole bytes (the
+    layout of `pack_ids`, for whole arrays)."""
+    return np.packbits(np.unpackbits(codes.astype(np.uint8)[:, None], axis=1)[:, 8 - bits:]).tobytes()
+
+
+def unpack_codes(data: bytes, n: int, bits: int) -> np.ndarray:
+    need = math.ceil(n * bits / 8)
+    if len(data) != need:
+        raise PacketError(f"{n} codes of {bits} bits take {need} bytes, got {len(data)}")
+    flat = np.unpackbits(np.frombuffer(data, dtype=np.uint8))[: n * bits].reshape(n, bits)
+    return np.packbits(np.pad(flat, ((0, 0), (8 - bits, 0))), axis=1)[:, 0]
 
 
 def parse_features(data: bytes) -> tuple[int, np.ndarray, str]:
+    """(session, features, language); quantised values come back as the float32 values they code."""
+    return parse_features_bits(data)[:3]
+
+
+def parse_features_bits(data: bytes) -> tuple[int, np.ndarray, str, int]:
+    """`parse_features` and the bits each value was sent at (16: float16, 32: float32)."""
     kind, session, _ = parse_header(data)
     if kind != FEATURES:
         raise PacketError(f"expected a FEATURES packet, got kind {kind}")
@@ -132,15 +171,27 @@ def parse_features(data: bytes) -> tuple[int, np.ndarray, str]:
         raise PacketError(f"FEATURES packet of {len(data)} bytes is shorter than its header")
     n_mels, frames, dtype, lang = _FEATURES.unpack_from(data, _HEADER.size)
     body = data[_HEADER.size + _FEATURES.size:]
-    if dtype not in DTYPES or lang >= len(LANGUAGES):
+    if (dtype not in DTYPES and dtype != QUANTISED) or lang >= len(LANGUAGES):
         raise PacketError(f"unknown feature dtype code {dtype} or language code {lang}")
-    size = np.dtype(DTYPES[dtype]).itemsize
-    if len(body) != n_mels * frames * size:
-        raise PacketError(f"features body holds {len(body)} bytes, header says {n_mels * frames * size}")
-    mel = np.frombuffer(body, dtype=DTYPES[dtype]).reshape(n_mels, frames)
+    if dtype == QUANTISED:
+        bits = body[0] if body else 0
+        if not 2 <= bits <= 8:
+            raise PacketError(f"quantised features of {bits} bits are not supported (2 to 8)")
+        lattice_end = 1 + n_mels * _ROW_LATTICE.itemsize
+        if len(body) < lattice_end:
+            raise PacketError(f"quantised features body of {len(body)} bytes does not hold {n_mels} rows' lattices")
+        lattice = np.frombuffer(body[1:lattice_end], _ROW_LATTICE)
+        codes = unpack_codes(body[lattice_end:], n_mels * frames, bits).reshape(n_mels, frames)
+        mel = dequantise(codes, lattice["low"], lattice["exponent"])
+    else:
+        bits = 8 * np.dtype(DTYPES[dtype]).itemsize
+        size = bits // 8
+        if len(body) != n_mels * frames * size:
+            raise PacketError(f"features body holds {len(body)} bytes, header says {n_mels * frames * size}")
+        mel = np.frombuffer(body, dtype=DTYPES[dtype]).reshape(n_mels, frames)
     if not np.isfinite(mel).all():
         raise PacketError("features hold NaN or infinite values")
-    return session, mel, LANGUAGES[lang]
+    return session, mel, LANGUAGES[lang], bits
 
 
 def verify_packet(session: int, seq: int, sync: list[int], draft: list[int], bits: int) -> bytes:
@@ -207,6 +258,7 @@ class OpenRequest:
     q_dtype: str
     features: np.ndarray
     language: str
+    features_bits: int = 16  # what each value was sent at (16, 32: floats; fewer: quantised)
 
 
 def parse_open(data: bytes) -> OpenRequest:
@@ -221,8 +273,8 @@ def parse_open(data: bytes) -> OpenRequest:
     if rank < 1 or not math.isfinite(temperature) or (RULES[rule] not in ("rank", "wisv") and temperature <= 0) \
             or (RULES[rule] == "wisv" and not 0 <= temperature <= 1):
         raise PacketError(f"bad rule settings: rank {rank}, temperature {temperature}")
-    _, mel, language = parse_features(data[_HEADER.size + _OPEN.size:])
-    return OpenRequest(RULES[rule], rank, temperature, seed, np.dtype(DTYPES[q_dtype]).name, mel, language)
+    _, mel, language, bits = parse_features_bits(data[_HEADER.size + _OPEN.size:])
+    return OpenRequest(RULES[rule], rank, temperature, seed, np.dtype(DTYPES[q_dtype]).name, mel, language, bits)
 
 
 def csi_payload(uplink_mbps: float, downlink_mbps: float, rtt_ms: float, per: float) -> bytes:

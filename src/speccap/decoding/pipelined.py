@@ -205,7 +205,8 @@ class _Loop:
         t = books.now
         if not self.features_sent:
             seconds = books.account(self.link, "up", "features",
-                                    packets.features_packet(self.session_id, self.cl.features, self.language))
+                                    packets.features_packet(self.session_id, self.cl.features, self.language,
+                                                            self.cl.wire_dtype))
             self.up.send(t, seconds)  # the verify packet queues behind it
             self.features_sent = True
         payload = packets.pipelined_packet(self.session_id, self.seq, self.epoch, sync, block.tokens, guess,

@@ -121,6 +121,8 @@ class LearnedUplink:
 
     identity = False
     learned = True
+    bits = 16  # float16 values (quantised codes are for the hand-made views: data.uplink)
+    wire_dtype = "float16"
 
     @classmethod
     def trained(cls, encoder: UplinkEncoder) -> "LearnedUplink":

@@ -71,13 +71,17 @@ class Wire:
         return log_mel(x, sr, self.n_mels, n_fft, self.hop)
 
     def view(self, mel: np.ndarray) -> np.ndarray:
-        """What crosses the link for the clip's log-mel, float16 values as float32."""
-        return np.asarray(self.uplink.encode(mel), np.float16).astype(np.float32)
+        """What crosses the link for the clip's log-mel, as float32: float16 values, or a quantised
+        uplink's (exact in float32, not all in float16)."""
+        out = self.uplink.encode(mel)
+        return out if self.uplink.bits < 16 else np.asarray(out, np.float16).astype(np.float32)
 
     def encode(self, x: np.ndarray, sr: int, n_fft: int) -> np.ndarray:
         return self.view(self.log_mel(x, sr, n_fft))
 
     def unnormalised(self) -> "Wire":
+        """The view before the clip's levels are removed (and before its values are quantised): what
+        the attacker's prior of typical band levels is taken from."""
         return Wire(Uplink(self.uplink.bands, self.uplink.merge), self.n_mels, self.hop)
 
     def bytes_per_second(self, sr: int) -> float:

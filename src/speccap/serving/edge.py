@@ -178,6 +178,7 @@ def caption_remote(edge: AudioLM, client: VerifierClient, info: dict, features: 
         raise ValueError("the networked edge runs the blocking loop only: set in_flight to 0")
     bits = packets.id_bits(min(edge.vocab_size, info["vocab_size"]))
     uplink = served_uplink(edge, info)
+    features_dtype = uplink.wire_dtype if uplink.bits < 16 else features_dtype  # a quantised uplink's codes
     holder: list[RemoteCloud] = []
 
     def make(books):

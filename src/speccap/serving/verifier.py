@@ -117,6 +117,10 @@ class Verifier:
         if self.lm.uplink.learned and sent_through != self.lm.uplink.digest:
             raise ServingError(422, f"features sent through uplink encoder {sent_through or '(none named)'}, the model "
                                     f"reads learned uplink encoder {self.lm.uplink.digest}")
+        reads = self.lm.uplink.bits
+        if (reads < 16 or req.features_bits < 16) and req.features_bits != reads:
+            raise ServingError(422, f"features sent at {req.features_bits} bits a value, the model reads a "
+                                    f"{reads}-bit uplink (uplink.bits)")
         if req.features.shape[1] < 1:
             raise ServingError(422, "features hold no frames")
         if req.rule == "wisv":
