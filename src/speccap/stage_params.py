@@ -76,6 +76,8 @@ READ_NOT_RESULTS: dict[tuple[str, str], str] = {
     ("*", "profile"): "its values are resolved into every other key",
     ("*", "cluster"): "where configurations run (local processes or Dask): the same records either way "
                       "(tests/flows/test_cluster.py)",
+    ("*", "sweep.audio_cache_mb"): "how much of the audio encoder's work a worker keeps: the same bits either "
+                                   "way (tests/models/test_thinker.py)",
     ("gates", "link"): "the DAgger and verify-rank captions' clocks, not what they say",
     ("trace_refs", "link"): "the clocks of the cloud-only captions it keeps, not what they say",
 }

@@ -137,7 +137,7 @@ def test_a_cloud_trained_on_a_coarse_uplink_reads_what_the_edge_sends(tiny_proje
     coarse = dataclasses.replace(params, uplink=UplinkParams(16, 4, "clip"),
                                  models=dataclasses.replace(params.models, dir=str(models)))
     report = train_captioners(coarse, progress=False, roles=("cloud",))
-    assert report["cloud"]["uplink"] == {"bands": 16, "merge": 4, "normalize": "clip"}
+    assert report["cloud"]["uplink"] == {"bands": 16, "merge": 4, "normalize": "clip", "bits": 16}
     cloud, edge = load_role(coarse, "cloud"), load_role(coarse, "edge")
     assert cloud.uplink == Uplink(16, 4, "clip") and edge.uplink.identity
     assert cloud.model.config.audio_config.num_mel_bins == 16
