@@ -35,9 +35,10 @@ class UplinkParams:
 class PrivacyParams:
     clips: Count = 40  # test clips per language whose speech is rebuilt from each representation (the cost)
     train_clips: Count = 400  # train clips per language the voice classifiers learn from
-    # uplinks measured beside the one the edge sends (`uplink`): coarser, and with each band's clip
-    # level and spread removed
+    # uplinks measured beside the one the edge sends (`uplink`): coarser, with each band's clip
+    # level and spread removed, and as few-bit codes
     candidates: tuple[UplinkParams, ...] = (
         UplinkParams(32), UplinkParams(8), UplinkParams(4), UplinkParams(128, 4), UplinkParams(128, 8),
         UplinkParams(128, 1, "clip"), UplinkParams(8, 1, "clip"), UplinkParams(128, 8, "clip"),
-        UplinkParams(128, 16, "clip"), UplinkParams(128, 32, "clip"), UplinkParams(16, 16, "clip"))
+        UplinkParams(128, 16, "clip"), UplinkParams(128, 32, "clip"), UplinkParams(16, 16, "clip"),
+        UplinkParams(128, 8, "clip", bits=4), UplinkParams(128, 8, bits=2), UplinkParams(128, 4, "clip", bits=2))
