@@ -58,22 +58,21 @@ def _candidate_params(params, uplink: UplinkParams, where: Path):
 def parse_candidate(text: str) -> UplinkParams:
     """"128x8" -> 128 bands, 8 frames merged; a trailing "c": clip-normalised; "-q4": each value sent as a
     4-bit code; "L16x8c-a0.5": a learned encoder sending 16 rows per 8 frames, clip-normalised, trained
-    against a speaker adversary of weight 0.5."""
+    against a speaker adversary of weight 0.5 ("L16x8c-a0.5-q4": its values as 4-bit codes, trained so)."""
     try:
         view, _, bits = text.partition("-q")
         view, _, adversary = view.partition("-a")
         norm = "clip" if view.endswith("c") else "none"
         rows, merge = (int(x) for x in view.rstrip("c").lstrip("L").split("x"))
         if view.startswith("L"):
-            if bits:
-                raise ValueError("codes of fewer bits are for a hand-made view")
-            return UplinkParams(None, merge, norm, LearnedUplinkParams(rows, adversary=float(adversary or 0)))
+            return UplinkParams(None, merge, norm, LearnedUplinkParams(rows, adversary=float(adversary or 0)),
+                                bits=int(bits or 16))
         if adversary:
             raise ValueError("an adversary trains a learned uplink only")
         return UplinkParams(rows, merge, norm, bits=int(bits or 16))
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"--candidates {text}: expected [bands]x[merge][c][-q<bits>] or "
-                         f"L[rows]x[merge][c][-a<weight>] ({exc})") from None
+                         f"L[rows]x[merge][c][-a<weight>][-q<bits>] ({exc})") from None
 
 
 def _stats(summary: dict, name: str, ids: list[str]) -> ClipStats:

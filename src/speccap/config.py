@@ -94,9 +94,6 @@ def _validate(p: Params) -> None:
     if u.learned is not None and u.bands is not None:
         raise ConfigError(f"params key uplink.bands: {u.bands} pooled bands and a learned encoder exclude each other "
                           "(the encoder sends uplink.learned.rows values per frame); set bands to null")
-    if u.learned is not None and u.bits != 16:
-        raise ConfigError(f"params key uplink.bits: {u.bits}-bit codes are for a hand-made view; a learned encoder "
-                          "sends float16 (set bits to 16)")
     if (u.bands is not None or u.merge > 1 or u.normalize != "none" or u.learned or u.bits != 16) \
             and m.cloud.backend != "embedded":
         raise ConfigError(f"params key uplink: a {m.cloud.backend} cloud checkpoint reads the plain log-mel; a coarser "

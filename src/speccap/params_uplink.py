@@ -10,8 +10,8 @@ from .params_types import Count, NonNegFloat, Normalize, params_class
 
 @params_class
 class LearnedUplinkParams:
-    """An encoder on the edge trained with the cloud (speccap.models.learned_uplink); `uplink.merge` and
-    `uplink.normalize` apply to what it sends."""
+    """An encoder on the edge trained with the cloud (speccap.models.learned_uplink); `uplink.merge`,
+    `uplink.normalize` and `uplink.bits` apply to what it sends."""
 
     rows: Count = 16  # values sent per frame
     hidden: Count = 64  # the encoder's inner channels (its cost on the edge)
@@ -28,7 +28,7 @@ class UplinkParams:
     merge: Count = 1  # frames averaged into one
     normalize: Normalize = "none"  # clip: each band's mean and spread over the clip removed
     learned: LearnedUplinkParams | None = None  # an encoder learned with the cloud instead of pooled bands
-    bits: Literal[2, 3, 4, 5, 6, 7, 8, 16] = 16  # per value sent: 16 = float16, fewer = quantised codes (a view's)
+    bits: Literal[2, 3, 4, 5, 6, 7, 8, 16] = 16  # per value sent: 16 = float16, fewer = quantised codes
 
 
 @params_class

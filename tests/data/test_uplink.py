@@ -137,6 +137,7 @@ def test_params_name_what_bits_cannot_be(tmp_path):
     base.write_text("uplink: {bands: 16, normalize: clip, bits: 4}\n")
     assert Uplink.from_params(load_params(base).uplink) == Uplink(16, 1, "clip", 4)
     _refused(base, "uplink: {bits: 12}\n", "uplink.bits")
-    _refused(base, "uplink: {bits: 4, learned: {rows: 8}}\n", "uplink.bits: 4-bit codes are for a hand-made view")
+    base.write_text("uplink: {bits: 4, learned: {rows: 8}}\n")  # a learned encoder's values as codes
+    assert load_params(base).uplink.bits == 4
     _refused(base, "uplink: {bits: 8}\nmodels: {cloud: {backend: qwen2_5_omni, path: /nowhere}}\n",
              "params key uplink: a qwen2_5_omni cloud")

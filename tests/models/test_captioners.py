@@ -193,6 +193,14 @@ def test_a_cloud_trained_with_a_learned_uplink_ships_its_encoder_with_the_edge(t
     shutil.rmtree(models / "cloud")
     train_captioners(learned, progress=False, roles=("cloud",))
     assert load_role(learned, "cloud").uplink.digest == digest
+    # as 4-bit codes: the encoder trains through them, and they are what is sent
+    coded = dataclasses.replace(learned, uplink=dataclasses.replace(learned.uplink, bits=4))
+    train_captioners(coded, progress=False, roles=("cloud",))
+    cloud = load_role(coded, "cloud")
+    assert cloud.uplink.bits == 4 and cloud.uplink.digest != digest and load_role(coded, "edge").sends == cloud.uplink
+    got = cloud_only(cloud, mel, "en", Link(params.link), 4)
+    size = 8 * -(-mel.shape[1] // 4)
+    assert [p["bytes"] for p in got.packets if p["kind"] == "features"] == [12 + 8 + 1 + 5 * 8 + -(-size * 4 // 8)]
     train_captioners(dataclasses.replace(learned, uplink=UplinkParams()), progress=False, roles=("cloud",))
     assert load_role(learned, "cloud").uplink.identity and not load_role(learned, "edge").sends.learned
     assert not (models / "edge" / "uplink").exists() and not (models / "cloud" / "uplink_encoder.safetensors").exists()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from speccap.data.uplink import Uplink
+from speccap.data.uplink import Uplink, dequantise, quantise
 from speccap.decoding.ledger import Ledger
 from speccap.models.learned_uplink import (
     ENCODER_FILE,
@@ -120,3 +120,34 @@ def test_the_edge_pays_for_a_learned_encoder_not_for_a_pooled_view():
     sent = books.sent(_learned(), mel)
     assert np.array_equal(sent, _learned().encode(mel))
     assert books.rec.edge_compute > 0 and books.now == books.rec.edge_compute
+
+
+def test_a_coded_encoder_sends_lattice_values_and_trains_straight_through(tmp_path):
+    """bits below 16: what is sent is the hand-made views' codes (data.uplink.quantise: coding it again
+    gives the same values), named and priced by its bits; in training the cloud reads those values
+    while the encoder gets the gradient of the uncoded output (straight through the rounding)."""
+    coded_shape = EncoderShape(n_mels=32, rows=6, hidden=8, merge=4, normalize="clip", bits=4)
+    up, plain = _learned(0, coded_shape), _learned(0)
+    sent = up.encode(_mel(40))
+    assert np.array_equal(dequantise(*quantise(sent, 4)), sent)
+    assert all(len(np.unique(row)) <= 16 for row in sent) and not np.array_equal(sent, plain.encode(_mel(40)))
+    assert np.abs(sent - plain.encode(_mel(40))).max() < 0.5  # the same encoding, coarser
+    assert up.wire_dtype == "q4" and plain.wire_dtype == "float16" and up.bits == 4
+    assert up.bytes_per_second(32, 16000, 320) == plain.bytes_per_second(32, 16000, 320) / 4
+    assert up.name(32, 320) == f"learned 6 rows, hop 1280, clip-normalised, 4-bit ({up.digest})"
+    assert up.to_dict()["learned"]["bits"] == 4 and up.digest != plain.digest  # same weights, another uplink
+    up.save(tmp_path)
+    back = read_uplink(tmp_path)
+    assert back == up and back.bits == 4 and np.array_equal(back.encode(_mel(40)), sent)
+    # training: the forward gives the coded values, the weights the uncoded output's gradient
+    mel = torch.from_numpy(_mel(40))
+    weights = torch.randn(6, 10, generator=torch.Generator().manual_seed(1))
+    grads = {}
+    for name, enc in (("coded", up.encoder), ("plain", plain.encoder)):
+        enc.zero_grad()
+        z = enc(mel)
+        if name == "coded":
+            assert torch.allclose(z.detach(), torch.from_numpy(sent), atol=1e-6)
+        (z * weights).sum().backward()
+        grads[name] = [p.grad.clone() for p in enc.parameters()]
+    assert all(torch.equal(a, b) and a.abs().sum() > 0 for a, b in zip(grads["coded"], grads["plain"]))

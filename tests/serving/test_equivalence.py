@@ -129,12 +129,14 @@ def test_a_cloud_on_a_coarse_uplink_gets_the_same_view_over_the_network(pair, cl
         refused.network["fallback_reasons"][0]
 
 
-def test_a_learned_uplink_runs_alike_in_process_and_over_the_network(pair, clips, serve, client_for, tmp_path):
-    """A cloud reading a learned encoder's output (16 rows, 3 frames merged): the edge computes it with
-    the encoder shipped with it, and the captions, rounds and bytes equal the in-process loop's. An edge
-    without that encoder refuses to start; features sent through another encoder are refused by name."""
+@pytest.mark.parametrize("bits", [16, 4])
+def test_a_learned_uplink_runs_alike_in_process_and_over_the_network(pair, clips, serve, client_for, tmp_path, bits):
+    """A cloud reading a learned encoder's output (16 rows, 3 frames merged; float16, or 4-bit codes):
+    the edge computes it with the encoder shipped with it, and the captions, rounds and bytes equal the
+    in-process loop's. An edge without that encoder refuses to start; features sent through another
+    encoder are refused by name."""
     torch.manual_seed(3)
-    learned = LearnedUplink.trained(UplinkEncoder(EncoderShape(128, 16, 24, 3, "clip")))
+    learned = LearnedUplink.trained(UplinkEncoder(EncoderShape(128, 16, 24, 3, "clip", bits)))
     cloud = tiny_lm("qwen2_5_omni", seed=2, n_mels=16)
     cloud.uplink = learned
     edge = copy.copy(pair[0])
@@ -149,7 +151,9 @@ def test_a_learned_uplink_runs_alike_in_process_and_over_the_network(pair, clips
             assert got.token_ids == ref.token_ids and got.rounds == ref.rounds and got.rounds > 0
             assert _packets(got) == _packets(ref)
             sent = [p["bytes"] for p in got.packets if p["kind"] == "features"]
-            assert sent == [12 + 16 + 12 + 8 + 2 * 16 * -(-mel.shape[1] // 3)]
+            size = 16 * -(-mel.shape[1] // 3)
+            values = 2 * size if bits == 16 else 1 + 5 * 16 + -(-size * bits // 8)  # codes + lattices
+            assert sent == [12 + 16 + 12 + 8 + values]
             assert got.edge_compute > 0 and ref.edge_compute > 0  # the encoder ran on the edge, both ways
     check_compatible(edge, info)
     for other in (pair[0], copy.copy(pair[0])):  # no encoder shipped, and another one
@@ -160,7 +164,7 @@ def test_a_learned_uplink_runs_alike_in_process_and_over_the_network(pair, clips
             check_compatible(other, info)
         with pytest.raises(ValueError, match="deploy the edge and cloud of one `train` run"):
             caption_remote(other, client, info, clips[0][1], "en", settings(), link())
-    packet = packets.open_packet(learned.encode(clips[0][1]), "en", "rank", 1, 1.0, 0, "float16", "float16")
+    packet = packets.open_packet(learned.encode(clips[0][1]), "en", "rank", 1, 1.0, 0, "float16", learned.wire_dtype)
     for name in ("", "0123456789ab"):
         with pytest.raises(CloudRefused, match=f"uplink encoder {name or '.none named.'}, the model reads learned "
                                                f"uplink encoder {learned.digest}"):

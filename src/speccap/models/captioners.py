@@ -88,7 +88,8 @@ def _train_role(job: tuple[Params, str, bool]) -> dict:
     model = build_model(spec.family, len(tokenizer), spec.size, special,
                         learned.rows if learned else uplink.rows(n_mels), params.seed)
     front = None if learned is None else TrainingFront.build(
-        EncoderShape(n_mels, learned.rows, learned.hidden, params.uplink.merge, params.uplink.normalize),
+        EncoderShape(n_mels, learned.rows, learned.hidden, params.uplink.merge, params.uplink.normalize,
+                     params.uplink.bits),
         learned.adversary, [e.speaker for e in train], params.seed)
     lm = ThinkerLM(model, tokenizer, embedded_prompt(tokenizer), special.eos, name=f"{role}:embedded")
     sent = json.dumps(dataclasses.asdict(params.uplink), sort_keys=True) if learned else \

@@ -4,11 +4,14 @@ is trained to caption from it (params `uplink.learned`).
 The hand-made views (speccap.data.uplink) pool the log-mel; this one is learned with the cloud, end
 to end from the caption loss: a convolution over 3 frames of every mel band into `hidden` channels,
 then one over `merge` frames at stride `merge` into `rows` values per sent frame (the rate: rows x
-frames, float16 on the wire), bounded by tanh, optionally with each row's clip mean and spread
-removed (`normalize: clip`). With `adversary` > 0, speaker classifiers learn to name the voice from
-every sent frame and from the clip's statistics while the encoder gets their gradient reversed
-(times `adversary`), so the encoder is pushed to send what names the voice least for the caption
-it keeps.
+frames x bits), bounded by tanh, optionally with each row's clip mean and spread removed
+(`normalize: clip`). The values go up as float16, or with `bits` below 16 as the hand-made views'
+codes (data.uplink.quantise): the encoder's output is then quantised in its forward, so the cloud
+trains on exactly what it will read, the gradient passing the rounding unchanged (straight through).
+
+With `adversary` > 0, speaker classifiers learn to name the voice from every sent frame and from the
+clip's statistics while the encoder gets their gradient reversed (times `adversary`), so the
+encoder is pushed to send what names the voice least for the caption it keeps.
 
 `LearnedUplink` has the hand-made view's interface (`encode`, `rows`, `name`, `to_dict`, ...), so the
 decoding loops, the server and the privacy stage treat both alike. Its weights are saved beside the
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..data.uplink import dequantise, quantise
 from ..params_types import Normalize
 
 UPLINK_FILE = "uplink.json"  # beside a captioner's weights: what it reads in place of the log-mel
@@ -41,6 +45,15 @@ class EncoderShape:
     hidden: int
     merge: int  # log-mel frames per sent frame
     normalize: Normalize = "none"
+    bits: int = 16  # per value sent: 16 = float16, fewer = codes on data.uplink's lattice
+
+    def describe(self) -> dict:
+        """The shape as uplink.json and the digest hold it (`bits` only when below 16, so a float16
+        encoder keeps the name it had before codes existed)."""
+        out = dict(self.__dict__)
+        if self.bits == 16:
+            del out["bits"]
+        return out
 
 
 class UplinkEncoder(torch.nn.Module):
@@ -61,7 +74,11 @@ class UplinkEncoder(torch.nn.Module):
         z = torch.tanh(self.out(x))[0]
         if self.shape.normalize == "clip":
             z = (z - z.mean(1, keepdim=True)) / (z.std(1, keepdim=True, unbiased=False) + NORM_EPS)
-        return z
+        if self.shape.bits == 16:
+            return z
+        coded = torch.from_numpy(dequantise(*quantise(z.detach().numpy(), self.shape.bits)))
+        # training: the coded values forward, the gradient straight through the rounding
+        return z + (coded - z).detach() if z.requires_grad else coded
 
 
 class _Reverse(torch.autograd.Function):
@@ -107,7 +124,7 @@ class SpeakerAdversary(torch.nn.Module):
 
 def digest(encoder: UplinkEncoder) -> str:
     """The encoder's name on the wire: its shape and weights, hashed."""
-    h = hashlib.sha256(json.dumps(encoder.shape.__dict__, sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(encoder.shape.describe(), sort_keys=True).encode())
     for key, value in sorted(encoder.state_dict().items()):
         h.update(key.encode())
         h.update(value.detach().contiguous().numpy().tobytes())
@@ -121,8 +138,6 @@ class LearnedUplink:
 
     identity = False
     learned = True
-    bits = 16  # float16 values (quantised codes are for the hand-made views: data.uplink)
-    wire_dtype = "float16"
 
     @classmethod
     def trained(cls, encoder: UplinkEncoder) -> "LearnedUplink":
@@ -147,6 +162,15 @@ class LearnedUplink:
     def normalize(self) -> Normalize:
         return self.shape.normalize
 
+    @property
+    def bits(self) -> int:
+        return self.shape.bits
+
+    @property
+    def wire_dtype(self) -> str:
+        """How the values cross the link (decoding.packets.features_packet), as a hand-made view's."""
+        return "float16" if self.bits == 16 else f"q{self.bits}"
+
     def rows(self, n_mels: int) -> int:
         if n_mels != self.shape.n_mels:
             raise ValueError(f"uplink: the learned encoder {self.digest} reads {self.shape.n_mels} mel bands, the "
@@ -158,23 +182,25 @@ class LearnedUplink:
 
     def name(self, n_mels: int, hop: int) -> str:
         text = f"learned {self.rows(n_mels)} rows, hop {hop * self.merge}"
-        return text + (", clip-normalised" if self.normalize == "clip" else "") + f" ({self.digest})"
+        text += (", clip-normalised" if self.normalize == "clip" else "") + (f", {self.bits}-bit" if self.bits < 16 else "")
+        return text + f" ({self.digest})"
 
     def bytes_per_second(self, n_mels: int, sample_rate: int, hop: int) -> float:
-        return 2.0 * self.rows(n_mels) * sample_rate / (hop * self.merge)
+        return self.bits / 8 * self.rows(n_mels) * sample_rate / (hop * self.merge)
 
     def to_dict(self) -> dict:
-        return {"learned": dict(self.shape.__dict__), "digest": self.digest}
+        return {"learned": self.shape.describe(), "digest": self.digest}
 
     @torch.no_grad()
     def encode(self, features: np.ndarray) -> np.ndarray:
-        """(n_mels, frames) log-mel -> (rows, frames') float32 holding float16 values, as the hand-made views."""
+        """(n_mels, frames) log-mel -> (rows, frames') float32 holding float16 values, or the codes'
+        values with `bits` below 16, as the hand-made views."""
         x = np.asarray(features, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] == 0:
             raise ValueError(f"uplink: features must be (n_mels, frames) with frames, got shape {x.shape}")
         self.rows(x.shape[0])
         z = self.encoder(torch.from_numpy(x)).numpy()
-        return z.astype(np.float16).astype(np.float32)
+        return z if self.bits < 16 else z.astype(np.float16).astype(np.float32)
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
