@@ -68,8 +68,8 @@ def run(params_path: str, n_clips: int, clients: int, per_client: int, batch: in
 
 def server_kinds(batch: int, window_ms: float) -> dict[str, tuple[str, ...]]:
     """The two servers side by side: `serve-cloud` arguments of each."""
-    return {"serialized": ("--compute-slots", "1"),
-            "batched": ("--batch", str(batch), "--batch-window-ms", str(window_ms))}
+    return {"serialized": ("--compute-slots", "1", "--no-access-log"),
+            "batched": ("--batch", str(batch), "--batch-window-ms", str(window_ms), "--no-access-log")}
 
 
 def compared(out: dict) -> dict:

@@ -78,7 +78,7 @@ def _cmd_serve_cloud(args) -> int:
         from .pipeline.saved import head_path
         head = load_head(args.wisv_head or head_path(params))
     serve(cloud, tokens, limits, args.host, args.port, args.certfile, args.keyfile, args.compute_slots, head,
-          args.batch, args.batch_window_ms)
+          args.batch, args.batch_window_ms, access_log=not args.no_access_log)
     return 0
 
 
@@ -153,6 +153,9 @@ def _add_serve_cloud(sub) -> None:
     s.add_argument("--batch", type=int, default=1, help="verify up to this many sessions' requests in one forward")
     s.add_argument("--batch-window-ms", type=float, default=2.0, help="how long a request waits for others (2)")
     s.add_argument("--threads", type=int, default=4, help="CPU threads for the model (default 4)")
+    s.add_argument("--no-access-log", action="store_true",
+                   help="log no line per request (under hundreds of requests a second, the log is a share of "
+                        "the server's CPU)")
     s.add_argument("--wisv", action="store_true", help="serve WISV verification with the head the wisv_head stage "
                                                        "trained (models/wisv/head.pt)")
     s.add_argument("--wisv-head", type=Path, help="serve WISV verification with this decision head")

@@ -40,6 +40,39 @@ def test_calls_from_many_threads_share_forwards_and_get_their_own_rows():
         g.close()
 
 
+def test_submitted_work_runs_on_the_gather_thread_and_its_calls_meet():
+    """`submit`: the work runs in the gather's thread, parked at each model call until the forward
+    that serves it and the others; an exception in the work comes back in its future."""
+    lm = tiny_lm("qwen2_5_omni")
+    g = Gather(max_batch=4, window_s=0.2)
+    try:
+        stepped = g.wrap(lm)
+        rng = np.random.default_rng(3)
+        clips = [(rng.standard_normal((128, n)).astype(np.float32), lang)
+                 for n, lang in ((150, "en"), (90, "zh"), (200, "en"))]
+
+        def work(i):
+            sess = stepped.start(*clips[i])
+            return threading.current_thread().name, sess.prefill_logits, sess.extend([5, 6 + i]).logits
+
+        def broken():
+            raise KeyError("no such clip")
+
+        futures = [g.submit(work, i) for i in range(len(clips))]
+        failed = g.submit(broken)
+        for i, ((mel, lang), fut) in enumerate(zip(clips, futures)):
+            where, first, logits = fut.result(timeout=60)
+            alone = lm.start(mel, lang)
+            assert where == "speccap-gather"
+            torch.testing.assert_close(first, alone.prefill_logits, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(logits, alone.extend([5, 6 + i]).logits, atol=1e-4, rtol=1e-4)
+        with pytest.raises(KeyError, match="no such clip"):
+            failed.result(timeout=60)
+        assert g.calls == 2 * len(clips) and g.forwards == 2  # the starts met, then the extensions
+    finally:
+        g.close()
+
+
 def test_a_bad_call_fails_its_caller_only():
     lm = tiny_lm("qwen2_5_omni")
     g = Gather(max_batch=2, window_s=0.5)

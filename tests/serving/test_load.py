@@ -11,7 +11,7 @@ from .conftest import TOKEN, link, settings
 
 
 @pytest.mark.e2e
-def test_sixteen_clients_at_once(pair, clips, serve):
+def test_sixteen_clients_at_once(pair, clips, serve, client_for):
     edge, cloud = pair
     srv = serve()
     jobs = [(mel, "en") for _, mel in clips]
@@ -27,6 +27,8 @@ def test_sixteen_clients_at_once(pair, clips, serve):
     health = srv.server.config.app.state.stats
     assert health["verified_rounds"] == summary["verify_requests"] and health["failed"] == 0
     assert len(srv.server.config.app.state.store) == 0  # every session closed
+    spent = client_for(srv).health()["model_seconds"]  # the server's own account of its model's time
+    assert spent["prefill"] > 0 and spent["forward"] > 0
 
 
 @pytest.mark.e2e
@@ -48,5 +50,8 @@ def test_a_batching_server_verifies_concurrent_sessions_together_with_the_same_c
     assert gather.calls > gather.forwards > 0  # some forwards served more than one session
     health = client_for(srv).health()
     assert health["gathered_calls"] == gather.calls and health["failed"] == 0
+    assert health["model_seconds"] == {"prefill": sum(p.seconds["prefill"] for p in gather.pools),
+                                       "forward": sum(p.seconds["run"] for p in gather.pools)}
+    assert health["model_seconds"]["forward"] > 0
     assert len(srv.server.config.app.state.store) == 0
     assert not any(p.cache.lengths.any() for p in gather.pools)  # every closed session freed its row

@@ -126,8 +126,9 @@ class BackgroundServer:
 
 def serve(lm: AudioLM, tokens: dict[str, str], limits: Limits, host: str = "127.0.0.1", port: int = 8765,
           certfile: str | None = None, keyfile: str | None = None, compute_slots: int = 1, wisv_head=None,
-          batch: int = 1, batch_window_ms: float = 2.0) -> None:
-    """Run the verifier in the foreground until interrupted (`speccap serve-cloud`)."""
+          batch: int = 1, batch_window_ms: float = 2.0, access_log: bool = True) -> None:
+    """Run the verifier in the foreground until interrupted (`speccap serve-cloud`); `access_log`: a
+    log line per request."""
     import uvicorn
     if bool(certfile) != bool(keyfile):
         raise ValueError("TLS needs both --certfile and --keyfile")
@@ -141,7 +142,8 @@ def serve(lm: AudioLM, tokens: dict[str, str], limits: Limits, host: str = "127.
     sock = listen_socket(host, port)
     log.info("verifier for %s on %s://%s:%d", getattr(lm, "name", "cloud"), "https" if certfile else "http", host,
              sock.getsockname()[1])
-    config = uvicorn.Config(app, ssl_certfile=certfile, ssl_keyfile=keyfile, log_level="info", timeout_keep_alive=30)
+    config = uvicorn.Config(app, ssl_certfile=certfile, ssl_keyfile=keyfile, log_level="info", timeout_keep_alive=30,
+                            access_log=access_log)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -3,6 +3,7 @@ what each endpoint does (speccap.serving.server wires them into the FastAPI app)
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -68,11 +69,13 @@ class Verifier:
             lm = self.gather.wrap(lm)
         self.lm, self.tokens, self.limits, self.wisv_head = lm, tokens, limits, wisv_head
         self.store = SessionStore(limits)
-        # a gathered call waits in its request's worker thread: `batch` of them at once
-        self.limiter = anyio.CapacityLimiter(max(compute_slots, batch))
+        self.limiter = anyio.CapacityLimiter(compute_slots)
         self.n_mels = _expected_mels(lm)
         self.eos, self.vocab = lm.eos_token_id, lm.vocab_size
         self.stats = {"verified_rounds": 0, "verified_tokens": 0, "refused": 0, "failed": 0}
+        # seconds in the model's prefills and verification forwards, when each runs alone (batched:
+        # the row pools count their shared forwards)
+        self.model_seconds = {"prefill": 0.0, "forward": 0.0}
 
     def client_of(self, request: Request) -> str:
         """The client the bearer token names; compared in constant time against every token."""
@@ -89,6 +92,10 @@ class Verifier:
         return found
 
     async def in_thread(self, fn, *args):
+        """fn(*args) off the event loop: on the gather's thread when batching (no thread per request
+        waits there), else in a worker thread within the compute slots."""
+        if self.gather is not None:
+            return await asyncio.wrap_future(self.gather.submit(fn, *args))
         return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     async def info(self, request: Request):
@@ -99,10 +106,13 @@ class Verifier:
 
     async def health(self, request: Request):
         self.client_of(request)
-        batching = {} if self.gather is None else {"gathered_calls": self.gather.calls,
-                                                    "gathered_forwards": self.gather.forwards}
+        batching, spent = {}, self.model_seconds
+        if self.gather is not None:
+            batching = {"gathered_calls": self.gather.calls, "gathered_forwards": self.gather.forwards}
+            spent = {"prefill": sum(p.seconds["prefill"] for p in self.gather.pools),
+                     "forward": sum(p.seconds["run"] for p in self.gather.pools)}
         return {"status": "ok", "sessions": len(self.store), "opened_total": self.store.opened_total,
-                "expired_total": self.store.expired_total, **self.stats, **batching}
+                "expired_total": self.store.expired_total, **self.stats, "model_seconds": spent, **batching}
 
     async def open_session(self, request: Request):
         client = self.client_of(request)
@@ -134,7 +144,8 @@ class Verifier:
         session = self.store.open(client, cloud)
         session.q_dtype = req.q_dtype
         try:
-            await self.in_thread(cloud.prefill)
+            spent, _ = await self.in_thread(cloud.prefill)
+            self.model_seconds["prefill"] += spent
         except Exception as exc:  # the model refused these features: this session only
             self.store.drop(session.id)
             log.exception("prefill failed for session %d", session.id)
@@ -187,6 +198,7 @@ class Verifier:
                 verdict, compute, asked = await self.in_thread(run)
             except Exception as exc:  # noqa: BLE001 - one session's failure must not take the server down
                 raise self._session_failed(sid, exc) from None
+            self.model_seconds["forward"] += compute
             session.last_seq = seq
             session.last_used = self.store.clock()
             if asked is not None:  # the round goes on when the states come (POST .../hidden)
