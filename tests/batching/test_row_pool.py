@@ -75,6 +75,30 @@ def test_row_lengths_and_seconds_follow_every_step():
     assert pool.seconds["run"] > 0 and pool.steps == 2 and pool.asked == 4
 
 
+def test_a_compact_step_over_few_rows_computes_what_the_full_step_does():
+    """`compact`: a step that few rows ask for runs over copies of them alone, and writes back what
+    it added: every output, length and later step is the full step's."""
+    lm = tiny_lm("qwen2_5_omni")
+    clips = _features() * 2  # six rows; steps ask for one or two of them
+    pools = [RowPool(lm, rows=6, compact=c) for c in (False, True)]
+    rows = [[r.row for r in p.prefill([(f, lang, False) for f, lang in clips])] for p in pools]
+    assert rows[0] == rows[1]
+    rows = rows[0]
+    for asks, back in ((((rows[5], [5, 6, 7]), (rows[1], [8])), {rows[5]: 1}),
+                       (((rows[4], [9]),), {}),
+                       (((rows[5], [10, 11]), (rows[1], [12, 13])), {}),
+                       (((r, [14]) for r in rows), {})):  # every row asks: the full step, in both
+        asks = list(asks)
+        full, compact = (p.run(asks) for p in pools)
+        for (lf, hf), (lc, hc) in zip(full, compact):
+            torch.testing.assert_close(lc, lf, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(hc, hf, atol=1e-5, rtol=1e-5)
+        for p in pools:
+            for row, n in back.items():
+                p.rollback(row, n)
+    assert pools[1].lengths == pools[0].lengths == [int(n) for n in pools[1].cache.lengths]
+
+
 def test_with_kept_prompts_a_row_starts_from_the_bits_its_clip_has_alone():
     lm = tiny_lm("qwen2_5_omni")
     clips = _features()

@@ -4,7 +4,7 @@ import torch
 from scipy.stats import chisquare
 
 from speccap.decoding.rules import make_rule
-from speccap.decoding.verify import Rank, SpecSampling, cloud_rank
+from speccap.decoding.verify import Rank, SpecSampling, cloud_rank, cloud_ranks
 
 EOS = 0
 
@@ -21,6 +21,13 @@ def rows_with_order(orders: list[list[int]], vocab: int = 8) -> torch.Tensor:
 def test_rank_of_a_token():
     row = torch.tensor([0.1, 3.0, 2.0, 2.0])
     assert cloud_rank(row, 1) == 1 and cloud_rank(row, 2) == 2 and cloud_rank(row, 3) == 2 and cloud_rank(row, 0) == 4
+
+
+def test_a_block_of_ranks_is_each_row_s_own_rank_ties_included():
+    rows = torch.tensor([[0.1, 3.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0], [4.0, 3.0, 2.0, 1.0], [9.0, 0.0, 0.0, 0.0]])
+    tokens = [3, 2, 0]  # fewer tokens than rows: the last row (the bonus token's) is not ranked
+    assert cloud_ranks(rows, tokens) == [cloud_rank(rows[i], t) for i, t in enumerate(tokens)] == [2, 1, 1]
+    assert cloud_ranks(rows, []) == []
 
 
 def test_rank_rule_accepts_within_r_and_corrects_the_first_violator():

@@ -72,6 +72,26 @@ class BatchedCache:
         view.capacity = self.capacity
         return view
 
+    def take(self, rows: torch.Tensor, span: int) -> "BatchedCache":
+        """Rows `rows` (a tensor of row indices), their first `span` slots, as a cache of their own:
+        copies, so a step on it does no work for the rows between them; `put` writes it back."""
+        part = object.__new__(BatchedCache)
+        part.keys = [k[rows, :, :span] for k in self.keys]
+        part.values = [v[rows, :, :span] for v in self.values]
+        part.lengths, part.rope_delta = self.lengths[rows], self.rope_delta[rows]
+        part.capacity = span
+        return part
+
+    def put(self, rows: torch.Tensor, part: "BatchedCache", start: torch.Tensor, n: int) -> None:
+        """Write back what a step on `part` (this cache's `rows`, taken when their lengths were
+        `start`) added: `n` slots per row from there, and the new lengths."""
+        slots = start[:, None] + torch.arange(n, device=start.device)[None, :]  # (k, n)
+        mine = torch.arange(len(rows), device=start.device)[:, None]
+        for store, made in ((self.keys, part.keys), (self.values, part.values)):
+            for i, whole in enumerate(store):
+                whole[rows[:, None], :, slots] = made[i][mine, :, slots]
+        self.lengths[rows] = part.lengths
+
     def grow(self, capacity: int) -> None:
         """Room for `capacity` slots per row, keeping what every row holds."""
         if capacity <= self.capacity:

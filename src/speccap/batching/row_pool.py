@@ -5,7 +5,8 @@ padded to the longest), each clip's cache then moved into a free row of the pool
 From there a session's extensions are requests
 (row, tokens) that `run` packs with every other row's into one `BatchedStep` forward, and a rollback
 is that row's length going down. Rows are handed out lowest first and a step runs over the rows up
-to the highest one asking, so a half-empty pool pays for the rows in use, not for its size.
+to the highest one asking, so a half-empty pool pays for the rows in use, not for its size; when
+few of those ask, over copies of the asking rows alone (`compact`).
 
 What a row computes is its sequence's own step within float rounding (tests/models/test_batched_step
 holds it); the executor that decides which requests meet in a step is batching.lockstep.
@@ -66,9 +67,14 @@ class RowPool:
     replayed from captured CUDA graphs on a GPU (batching.step_graphs); None: where the model is on
     CUDA (elsewhere the eager step, whose shapes follow the rows asking). `invariant`: every step at
     one shape and every clip prefilled alone, so a caption does not depend on its batch
-    (step_graphs.Invariant: its rows, at least `rows`, and its span are the pool's, never grown)."""
+    (step_graphs.Invariant: its rows, at least `rows`, and its span are the pool's, never grown).
+    `compact` (eager steps): a step that at most half the rows up to the highest asking ask for runs
+    over copies of those rows alone, written back after it, not over every row in between (a loop
+    drafting on the edge holds its cloud row idle; a server's session holds its row while its client
+    drafts). False: every step over the rows up to the highest asking."""
 
-    def __init__(self, lm: ThinkerLM, rows: int, graphs: bool | None = None, invariant: Invariant | None = None):
+    def __init__(self, lm: ThinkerLM, rows: int, graphs: bool | None = None, invariant: Invariant | None = None,
+                 compact: bool = True):
         if not batchable(lm):
             raise ValueError(f"{lm.name}: its sessions cannot share a batched step (not a Qwen2.5-Omni thinker "
                              f"on the fast step)")
@@ -76,7 +82,7 @@ class RowPool:
             raise ValueError(f"a row pool needs at least one row, got {rows}")
         if invariant is not None and rows > invariant.rows:
             raise ValueError(f"a batch of {rows} does not fit batch-invariant stepping over {invariant.rows} rows")
-        self.lm, self.invariant = lm, invariant
+        self.lm, self.invariant, self.compact = lm, invariant, compact
         self.step = BatchedStep(lm.model)
         cuda = torch.device(lm.device).type == "cuda"
         fixed = invariant is not None or (cuda if graphs is None else graphs)
@@ -186,26 +192,49 @@ class RowPool:
         wide, deep = (self.graphs and self.graphs.shape(self.cache, top, n)) or (top, n)
         need = max(self.lengths[:wide]) + deep
         self._room(need, _capacity(need))
-        rows = [[0] * n for _ in range(top)]  # built in Python, made a tensor once
-        counts = [0] * top
-        for row, toks in asks:
-            rows[row][: len(toks)] = toks
-            counts[row] = len(toks)
-        if self.graphs is not None:
-            logits, hidden = self.graphs.run(self.cache, rows, counts)
+        if self.compact and self.graphs is None and 2 * len(asks) <= top:  # else the copies cost more
+            logits, hidden, at = self._run_taken(asks, n)
         else:
-            device = self.cache.lengths.device
-            logits, hidden = self.step.step(torch.tensor(rows, device=device), torch.tensor(counts, device=device),
-                                            self.cache.head(top))
-        logits = logits[..., : self.lm.vocab_size].float()
-        logits.masked_fill_(self.blocked[:top, None, : self.lm.vocab_size], BLOCKED_LOGIT)
+            at = {row: row for row, _ in asks}
+            rows = [[0] * n for _ in range(top)]  # built in Python, made a tensor once
+            counts = [0] * top
+            for row, toks in asks:
+                rows[row][: len(toks)] = toks
+                counts[row] = len(toks)
+            if self.graphs is not None:
+                logits, hidden = self.graphs.run(self.cache, rows, counts)
+            else:
+                device = self.cache.lengths.device
+                logits, hidden = self.step.step(torch.tensor(rows, device=device),
+                                                torch.tensor(counts, device=device), self.cache.head(top))
+            logits = logits[..., : self.lm.vocab_size].float()
+            logits.masked_fill_(self.blocked[:top, None, : self.lm.vocab_size], BLOCKED_LOGIT)
         for row, toks in asks:
             self.lengths[row] += len(toks)
         self.steps += 1
         self.asked += len(asks)
-        made = [(logits[row, : len(toks)], hidden[row, : len(toks)]) for row, toks in asks]
+        made = [(logits[at[row], : len(toks)], hidden[at[row], : len(toks)]) for row, toks in asks]
         self.seconds["run"] += time.perf_counter() - t0
         return made
+
+    def _run_taken(self, asks: list[tuple[int, list[int]]], n: int):
+        """`run`'s forward over the asking rows alone, taken out of the cache and written back:
+        (logits, hidden, {row: its index in them})."""
+        order = sorted(row for row, _ in asks)
+        at = {row: i for i, row in enumerate(order)}
+        device = self.cache.lengths.device
+        ids, counts = [[0] * n for _ in order], [0] * len(order)
+        for row, toks in asks:
+            ids[at[row]][: len(toks)] = toks
+            counts[at[row]] = len(toks)
+        idx = torch.tensor(order, device=device)
+        part = self.cache.take(idx, max(self.lengths[row] for row in order) + n)
+        start = part.lengths.clone()
+        logits, hidden = self.step.step(torch.tensor(ids, device=device), torch.tensor(counts, device=device), part)
+        self.cache.put(idx, part, start, n)
+        logits = logits[..., : self.lm.vocab_size].float()
+        logits.masked_fill_(self.blocked[idx][:, None, : self.lm.vocab_size], BLOCKED_LOGIT)
+        return logits, hidden, at
 
 
 def _capacity(need: int) -> int:
