@@ -77,7 +77,7 @@ def test_row_lengths_and_seconds_follow_every_step():
 
 def test_a_compact_step_over_few_rows_computes_what_the_full_step_does():
     """`compact`: a step that few rows ask for runs over copies of them alone, and writes back what
-    it added: every output, length and later step is the full step's."""
+    it added: every output (within rounding), length and later step is the full step's."""
     lm = tiny_lm("qwen2_5_omni")
     clips = _features() * 2  # six rows; steps ask for one or two of them
     pools = [RowPool(lm, rows=6, compact=c) for c in (False, True)]
@@ -90,7 +90,7 @@ def test_a_compact_step_over_few_rows_computes_what_the_full_step_does():
                        (((r, [14]) for r in rows), {})):  # every row asks: the full step, in both
         asks = list(asks)
         full, compact = (p.run(asks) for p in pools)
-        for (lf, hf), (lc, hc) in zip(full, compact):
+        for (lf, hf), (lc, hc) in zip(full, compact):  # a matrix product's rounding follows its shape
             torch.testing.assert_close(lc, lf, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(hc, hf, atol=1e-5, rtol=1e-5)
         for p in pools:

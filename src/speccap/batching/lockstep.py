@@ -208,13 +208,13 @@ def step_all_alone(asks: list[_Ask | _Start | _Score]) -> list:
 
 
 def stepped(lm: AudioLM, executor, rows: int, pools: list[RowPool], graphs: bool | None = None,
-            invariant: Invariant | None = None) -> AudioLM:
+            invariant: Invariant | None = None, compact: bool = False) -> AudioLM:
     """`lm` with its sessions as rows of a new pool (`rows` to start with, added to `pools`, stepping
-    with `graphs` and `invariant` as RowPool's) whose calls go through `executor.ask`; a model whose
-    sessions cannot share a step, as it is."""
+    with `graphs`, `invariant` and `compact` as RowPool's) whose calls go through `executor.ask`; a
+    model whose sessions cannot share a step, as it is."""
     if not batchable(lm):
         return lm
-    pool = RowPool(lm, rows, graphs, invariant)
+    pool = RowPool(lm, rows, graphs, invariant, compact)
     pools.append(pool)
     return SteppedLM(lm, pool, executor)
 

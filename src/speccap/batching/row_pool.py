@@ -5,8 +5,8 @@ padded to the longest), each clip's cache then moved into a free row of the pool
 From there a session's extensions are requests
 (row, tokens) that `run` packs with every other row's into one `BatchedStep` forward, and a rollback
 is that row's length going down. Rows are handed out lowest first and a step runs over the rows up
-to the highest one asking, so a half-empty pool pays for the rows in use, not for its size; when
-few of those ask, over copies of the asking rows alone (`compact`).
+to the highest one asking, so a half-empty pool pays for the rows in use, not for its size (the
+server's pools: when few of those ask, over copies of the asking rows alone, `compact`).
 
 What a row computes is its sequence's own step within float rounding (tests/models/test_batched_step
 holds it); the executor that decides which requests meet in a step is batching.lockstep.
@@ -69,12 +69,13 @@ class RowPool:
     one shape and every clip prefilled alone, so a caption does not depend on its batch
     (step_graphs.Invariant: its rows, at least `rows`, and its span are the pool's, never grown).
     `compact` (eager steps): a step that at most half the rows up to the highest asking ask for runs
-    over copies of those rows alone, written back after it, not over every row in between (a loop
-    drafting on the edge holds its cloud row idle; a server's session holds its row while its client
-    drafts). False: every step over the rows up to the highest asking."""
+    over copies of those rows alone, written back after it, not over every row in between (the
+    verifier server, whose sessions hold their rows while their clients draft). Each row's numbers
+    are then the full step's within a matrix product's rounding, which follows the batch's shape: the
+    batching executor keeps the full step, so the pipeline's outputs keep their bits."""
 
     def __init__(self, lm: ThinkerLM, rows: int, graphs: bool | None = None, invariant: Invariant | None = None,
-                 compact: bool = True):
+                 compact: bool = False):
         if not batchable(lm):
             raise ValueError(f"{lm.name}: its sessions cannot share a batched step (not a Qwen2.5-Omni thinker "
                              f"on the fast step)")
@@ -193,7 +194,7 @@ class RowPool:
         need = max(self.lengths[:wide]) + deep
         self._room(need, _capacity(need))
         if self.compact and self.graphs is None and 2 * len(asks) <= top:  # else the copies cost more
-            logits, hidden, at = self._run_taken(asks, n)
+            logits, hidden, at = self._run_taken(asks, n, top)
         else:
             at = {row: row for row, _ in asks}
             rows = [[0] * n for _ in range(top)]  # built in Python, made a tensor once
@@ -217,9 +218,10 @@ class RowPool:
         self.seconds["run"] += time.perf_counter() - t0
         return made
 
-    def _run_taken(self, asks: list[tuple[int, list[int]]], n: int):
+    def _run_taken(self, asks: list[tuple[int, list[int]]], n: int, top: int):
         """`run`'s forward over the asking rows alone, taken out of the cache and written back:
-        (logits, hidden, {row: its index in them})."""
+        (logits, hidden, {row: its index in them}). Attention reads as many slots as the step over
+        the `top` rows would (a reduction's rounding follows its length)."""
         order = sorted(row for row, _ in asks)
         at = {row: i for i, row in enumerate(order)}
         device = self.cache.lengths.device
@@ -228,9 +230,11 @@ class RowPool:
             ids[at[row]][: len(toks)] = toks
             counts[at[row]] = len(toks)
         idx = torch.tensor(order, device=device)
-        part = self.cache.take(idx, max(self.lengths[row] for row in order) + n)
+        span = max(self.lengths[:top]) + n
+        part = self.cache.take(idx, span)
         start = part.lengths.clone()
-        logits, hidden = self.step.step(torch.tensor(ids, device=device), torch.tensor(counts, device=device), part)
+        logits, hidden = self.step.step(torch.tensor(ids, device=device), torch.tensor(counts, device=device), part,
+                                        span)
         self.cache.put(idx, part, start, n)
         logits = logits[..., : self.lm.vocab_size].float()
         logits.masked_fill_(self.blocked[idx][:, None, : self.lm.vocab_size], BLOCKED_LOGIT)
