@@ -12,14 +12,24 @@ from speccap.batching.gather import Gather
 from ..models.conftest import tiny_lm
 
 
+def _clips(seed: int, shapes) -> list[tuple[np.ndarray, str]]:
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((128, n)).astype(np.float32), lang) for n, lang in shapes]
+
+
+def _as_alone(lm, mel, lang, i, first, logits) -> None:
+    """A gathered session's first distribution and extension are what the model gives it alone."""
+    alone = lm.start(mel, lang)
+    torch.testing.assert_close(first, alone.prefill_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits, alone.extend([5, 6 + i]).logits, atol=1e-4, rtol=1e-4)
+
+
 def test_calls_from_many_threads_share_forwards_and_get_their_own_rows():
     lm = tiny_lm("qwen2_5_omni")
     g = Gather(max_batch=4, window_s=0.2)
     try:
         stepped = g.wrap(lm)
-        rng = np.random.default_rng(2)
-        clips = [(rng.standard_normal((128, n)).astype(np.float32), lang)
-                 for n, lang in ((150, "en"), (90, "zh"), (200, "en"), (120, "en"))]
+        clips = _clips(2, ((150, "en"), (90, "zh"), (200, "en"), (120, "en")))
         got = [None] * len(clips)
 
         def one(i):
@@ -32,9 +42,7 @@ def test_calls_from_many_threads_share_forwards_and_get_their_own_rows():
         for t in threads:
             t.join(timeout=60)
         for i, ((mel, lang), (first, logits)) in enumerate(zip(clips, got)):
-            alone = lm.start(mel, lang)
-            torch.testing.assert_close(first, alone.prefill_logits, atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(logits, alone.extend([5, 6 + i]).logits, atol=1e-4, rtol=1e-4)
+            _as_alone(lm, mel, lang, i, first, logits)
         assert g.calls == 2 * len(clips) and g.forwards < g.calls  # starts met, and so did extensions
     finally:
         g.close()
@@ -47,9 +55,7 @@ def test_submitted_work_runs_on_the_gather_thread_and_its_calls_meet():
     g = Gather(max_batch=4, window_s=0.2)
     try:
         stepped = g.wrap(lm)
-        rng = np.random.default_rng(3)
-        clips = [(rng.standard_normal((128, n)).astype(np.float32), lang)
-                 for n, lang in ((150, "en"), (90, "zh"), (200, "en"))]
+        clips = _clips(3, ((150, "en"), (90, "zh"), (200, "en")))
 
         def work(i):
             sess = stepped.start(*clips[i])
@@ -62,10 +68,8 @@ def test_submitted_work_runs_on_the_gather_thread_and_its_calls_meet():
         failed = g.submit(broken)
         for i, ((mel, lang), fut) in enumerate(zip(clips, futures)):
             where, first, logits = fut.result(timeout=60)
-            alone = lm.start(mel, lang)
             assert where == "speccap-gather"
-            torch.testing.assert_close(first, alone.prefill_logits, atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(logits, alone.extend([5, 6 + i]).logits, atol=1e-4, rtol=1e-4)
+            _as_alone(lm, mel, lang, i, first, logits)
         with pytest.raises(KeyError, match="no such clip"):
             failed.result(timeout=60)
         assert g.calls == 2 * len(clips) and g.forwards == 2  # the starts met, then the extensions
