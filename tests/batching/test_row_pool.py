@@ -1,6 +1,8 @@
 """Sessions as rows of one batched cache (batching.row_pool): a batch prefill starts every clip as
 `ThinkerLM.start` does alone, and each row then extends as its own session does."""
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -80,7 +82,7 @@ def test_a_compact_step_over_few_rows_computes_what_the_full_step_does():
     it added: every output (within rounding), length and later step is the full step's."""
     lm = tiny_lm("qwen2_5_omni")
     clips = _features() * 2  # six rows; steps ask for one or two of them
-    pools = [RowPool(lm, rows=6, compact=c) for c in (False, True)]
+    pools = [RowPool(lm, rows=6, compact=c) for c in ("off", "rounding")]
     rows = [[r.row for r in p.prefill([(f, lang, False) for f, lang in clips])] for p in pools]
     assert rows[0] == rows[1]
     rows = rows[0]
@@ -97,6 +99,46 @@ def test_a_compact_step_over_few_rows_computes_what_the_full_step_does():
             for row, n in back.items():
                 p.rollback(row, n)
     assert pools[1].lengths == pools[0].lengths == [int(n) for n in pools[1].cache.lengths]
+    assert (pools[0].compacted, pools[1].compacted) == (0, 3)
+    with pytest.raises(ValueError, match="compact must be one of"):
+        RowPool(lm, rows=2, compact="sometimes")
+
+
+def _random_steps(pools: list[RowPool], rows: list[int], steps: int, seed: int):
+    """`steps` random requests (1 to 8 rows, 1 to 4 tokens each, some rolled back after), the same
+    to every pool: yields each step's outputs per pool."""
+    rng = random.Random(seed)
+    for _ in range(steps):
+        width = rng.choice([1, 1, 2, 3, 4])
+        asks = [(row, [rng.randrange(5, 60) for _ in range(rng.randint(1, width))])
+                for row in rng.sample(rows, rng.choice([1, 2, 3, 4, 5, 8]))]
+        yield [p.run(asks) for p in pools]
+        back = [(row, len(toks)) for row, toks in asks if rng.random() < 0.3]
+        for p in pools:
+            for row, n in back:
+                p.rollback(row, n)
+
+
+def test_bitwise_compact_steps_give_every_row_the_full_steps_bits():
+    """`compact="bitwise"` (the batching executor's): at one thread, the steps it runs over copies
+    of few rows give those rows every bit the full step gives them, through many steps, rollbacks
+    and what later steps read back from the cache; at two threads it runs none."""
+    lm = tiny_lm("qwen2_5_omni")
+    rng = np.random.default_rng(7)
+    clips = [(rng.standard_normal((128, int(rng.integers(80, 320)))).astype(np.float32), ("en", "zh")[i % 2])
+             for i in range(16)]
+    threads = torch.get_num_threads()
+    try:
+        for n_threads, compacted in ((1, True), (2, False)):
+            torch.set_num_threads(n_threads)
+            pools = [RowPool(lm, rows=16, compact=c) for c in ("off", "bitwise")]
+            rows = [[r.row for r in p.prefill([(f, lang, False) for f, lang in clips])] for p in pools][0]
+            for full, compact in _random_steps(pools, rows, 150, seed=n_threads):
+                for (lf, hf), (lc, hc) in zip(full, compact):
+                    assert torch.equal(lc, lf) and torch.equal(hc, hf)
+            assert (pools[1].compacted > 30) is compacted and pools[0].compacted == 0
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_with_kept_prompts_a_row_starts_from_the_bits_its_clip_has_alone():

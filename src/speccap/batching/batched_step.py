@@ -20,6 +20,8 @@ row to the single-sequence step it replaces.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -109,9 +111,47 @@ class BatchedCache:
         self.lengths[row] -= n
 
 
+# the product sizes (rows) probed: every one up to 64, then a few up to the widest step a pool takes
+_PROBED = tuple(range(1, 65)) + (80, 96, 128, 160, 192, 256, 320, 384, 512, 768, 1024)
+
+
+@functools.cache
+def _product_exact_from(inputs: int, outputs: int, bias: bool, dtype: torch.dtype, device: str,
+                        threads: int) -> int:
+    """The fewest rows from which a product `F.linear` of this shape gives each row the bits it gets
+    in any larger one, at `threads` threads. A BLAS picks its kernel by the product's shape: below a
+    few rows it takes another path whose sums round differently (measured on MKL at one thread: 1 to
+    3 rows differ, 4 and more agree; at two threads, sizes its split leaves uneven differ too). The
+    kernel follows the shape alone, so random numbers of that shape tell it."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(outputs, inputs, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(outputs, generator=g).to(device=device, dtype=dtype) if bias else None
+    x = torch.randn(_PROBED[-1], inputs, generator=g).to(device=device, dtype=dtype)
+    with torch.inference_mode():
+        whole = F.linear(x, w, b)
+        least = _PROBED[-1]
+        for m in reversed(_PROBED):
+            if not torch.equal(F.linear(x[:m], w, b), whole[:m]):
+                break
+            least = m
+    return least
+
+
 class BatchedStep(FastStep):
     """`step(ids, counts, cache)` -> (logits (B, n, vocab), last hidden (B, n, hidden)) for each row's
     first counts[b] tokens of `ids` (B, n); the rest of a row's outputs are padding's."""
+
+    def exact_from(self) -> int | None:
+        """The fewest rows x tokens a step must run over for each row's numbers to be, bit for bit,
+        what a step over more rows gives it (so a step over copies of a few rows can stand in for
+        the step over all of them); None where no size is known to: more than one thread (a
+        reduction over few rows may be split between threads) or attention without SDPA."""
+        if torch.get_num_threads() != 1 or not self.sdpa:
+            return None
+        products = [(qp.weight, qp.bias is not None) for layer in self.layers for qp in layer[2:5]]
+        products += [(w, False) for layer in self.layers for w in (layer[5], *layer[8:11])] + [(self.lm_head, False)]
+        return max(_product_exact_from(w.shape[1], w.shape[0], bias, w.dtype, str(w.device), 1)
+                   for w, bias in products)
 
     def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * self.rotary.inv_freq.to(device=positions.device, dtype=torch.float)

@@ -47,7 +47,7 @@ class Gather:
 
     def wrap(self, lm: AudioLM) -> AudioLM:
         """`lm` with its sessions' calls gathered here (a model that cannot share a step, as it is)."""
-        return stepped(lm, self, self.max_batch, self.pools, compact=True)
+        return stepped(lm, self, self.max_batch, self.pools, compact="rounding")
 
     def submit(self, fn: Callable, *args) -> Future:
         """Run fn(*args) on the gather's thread, its model calls gathered with the others'; its

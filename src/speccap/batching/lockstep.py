@@ -116,7 +116,7 @@ class Lockstep:
     def wrap(self, lm: AudioLM) -> AudioLM:
         """`lm` with its sessions as rows of a pool stepped by this executor; a model whose sessions
         cannot share a step is returned as it is (its forwards then run one at a time)."""
-        return stepped(lm, self, self.batch, self.pools, self.graphs, self.invariant)
+        return stepped(lm, self, self.batch, self.pools, self.graphs, self.invariant, compact="bitwise")
 
     def scorer(self, model):
         """`model` (a gate's) scoring with the other loops' rows in one call per step, where that
@@ -208,7 +208,7 @@ def step_all_alone(asks: list[_Ask | _Start | _Score]) -> list:
 
 
 def stepped(lm: AudioLM, executor, rows: int, pools: list[RowPool], graphs: bool | None = None,
-            invariant: Invariant | None = None, compact: bool = False) -> AudioLM:
+            invariant: Invariant | None = None, compact: str = "off") -> AudioLM:
     """`lm` with its sessions as rows of a new pool (`rows` to start with, added to `pools`, stepping
     with `graphs`, `invariant` and `compact` as RowPool's) whose calls go through `executor.ask`; a
     model whose sessions cannot share a step, as it is."""

@@ -42,6 +42,9 @@ class Prefilled:
     blocked: torch.Tensor  # token ids the caption's language may not use
 
 
+# when a step over few rows runs over copies of them alone (RowPool's `compact`)
+COMPACT = ("off", "bitwise", "rounding")
+
 # slots a row is given beyond its prompt when it moves in; a longer caption grows the cache
 _ROOM = 160
 
@@ -68,14 +71,16 @@ class RowPool:
     CUDA (elsewhere the eager step, whose shapes follow the rows asking). `invariant`: every step at
     one shape and every clip prefilled alone, so a caption does not depend on its batch
     (step_graphs.Invariant: its rows, at least `rows`, and its span are the pool's, never grown).
-    `compact` (eager steps): a step that at most half the rows up to the highest asking ask for runs
-    over copies of those rows alone, written back after it, not over every row in between (the
-    verifier server, whose sessions hold their rows while their clients draft). Each row's numbers
-    are then the full step's within a matrix product's rounding, which follows the batch's shape: the
-    batching executor keeps the full step, so the pipeline's outputs keep their bits."""
+    `compact` (eager steps): a step that at most three quarters of the rows up to the highest asking
+    ask for runs over copies of those rows alone, written back after it, not over every row between.
+    "bitwise" (the batching executor): only where each row's numbers are then the full step's bit
+    for bit (`BatchedStep.exact_from`: one thread, products over enough rows), so no output of the
+    pipeline depends on it; "rounding" (the verifier server, whose sessions hold their rows while
+    their clients draft): wherever it pays, each row's numbers the full step's within a matrix
+    product's rounding, which follows the product's shape; "off": never."""
 
     def __init__(self, lm: ThinkerLM, rows: int, graphs: bool | None = None, invariant: Invariant | None = None,
-                 compact: bool = False):
+                 compact: str = "off"):
         if not batchable(lm):
             raise ValueError(f"{lm.name}: its sessions cannot share a batched step (not a Qwen2.5-Omni thinker "
                              f"on the fast step)")
@@ -83,6 +88,8 @@ class RowPool:
             raise ValueError(f"a row pool needs at least one row, got {rows}")
         if invariant is not None and rows > invariant.rows:
             raise ValueError(f"a batch of {rows} does not fit batch-invariant stepping over {invariant.rows} rows")
+        if compact not in COMPACT:
+            raise ValueError(f"compact must be one of {COMPACT}, got {compact!r}")
         self.lm, self.invariant, self.compact = lm, invariant, compact
         self.step = BatchedStep(lm.model)
         cuda = torch.device(lm.device).type == "cuda"
@@ -103,6 +110,7 @@ class RowPool:
         self.lock = threading.RLock()
         self.steps = 0  # forwards run (one per `run`)
         self.asked = 0  # requests they served
+        self.compacted = 0  # forwards run over copies of the asking rows alone (`compact`)
         # seconds spent in the pool's forwards (`run`) and prefills, setup included: what a profile of
         # the executor holds against the loops' own time (benchmarks/batched_decode.py)
         self.seconds = {"run": 0.0, "prefill": 0.0}
@@ -193,8 +201,9 @@ class RowPool:
         wide, deep = (self.graphs and self.graphs.shape(self.cache, top, n)) or (top, n)
         need = max(self.lengths[:wide]) + deep
         self._room(need, _capacity(need))
-        if self.compact and self.graphs is None and 2 * len(asks) <= top:  # else the copies cost more
+        if self._compacts(len(asks), n, top):
             logits, hidden, at = self._run_taken(asks, n, top)
+            self.compacted += 1
         else:
             at = {row: row for row, _ in asks}
             rows = [[0] * n for _ in range(top)]  # built in Python, made a tensor once
@@ -217,6 +226,17 @@ class RowPool:
         made = [(logits[at[row], : len(toks)], hidden[at[row], : len(toks)]) for row, toks in asks]
         self.seconds["run"] += time.perf_counter() - t0
         return made
+
+    def _compacts(self, asks: int, n: int, top: int) -> bool:
+        """Whether a step of `asks` rows' requests (the longest `n` tokens) runs over copies of them
+        alone rather than over the `top` rows: where it pays (at most three quarters of them ask:
+        beyond, the copies cost more than the rows skipped) and `compact` allows it."""
+        if self.compact == "off" or self.graphs is not None or 4 * asks > 3 * top:
+            return False
+        if self.compact == "rounding":
+            return True
+        least = self.step.exact_from()
+        return least is not None and asks * n >= least
 
     def _run_taken(self, asks: list[tuple[int, list[int]]], n: int, top: int):
         """`run`'s forward over the asking rows alone, taken out of the cache and written back:
