@@ -44,6 +44,20 @@ def test_scores_match_nltk_and_rouge_score_on_the_same_tokens(hyps, refs, lang):
                                                 for r, h in zip(refs, hyps)) / 2)
 
 
+def test_a_caption_scored_again_gets_the_same_numbers_and_its_own_copy():
+    """Each caption's scores are kept per process (a stage scores the same caption for many
+    configurations): scored again, alone or among others, it gets the same numbers, with METEOR
+    nltk's own to the last bit, and what a caller changes in its copy is not kept."""
+    first = score_captions(HYP_EN, REFS_EN, "en").per_caption
+    for i, (hyp, refs) in enumerate(zip(HYP_EN, REFS_EN)):
+        assert first[i]["meteor"] == 100 * max(meteor_score([tokenize(r, "en")], tokenize(hyp, "en")) for r in refs)
+    first[0]["bleu1"] = -1.0
+    again = score_captions(HYP_EN[::-1] + HYP_EN[:1], REFS_EN[::-1] + REFS_EN[:1], "en").per_caption
+    assert again[1] == again[2] != first[0]
+    assert again[2] == score_captions(HYP_EN[:1], REFS_EN[:1], "en").per_caption[0]
+    assert again[2]["bleu1"] > 0 and again[0] == first[1]
+
+
 def test_hand_computed_values():
     # hyp "a b c d", ref "a b x d e": unigram precision 3/4, BP = exp(1 - 5/4); LCS = 3 -> P 3/4, R 3/5
     s = score_captions(["a b c d"], [["a b x d e"]], "en")

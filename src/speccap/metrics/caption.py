@@ -14,11 +14,15 @@ ROUGE-L: rouge-score's LCS F-measure, best over references (score_multi), averag
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from dataclasses import dataclass
 
+from nltk.corpus import wordnet
+from nltk.stem.porter import PorterStemmer
 from nltk.translate.bleu_score import SmoothingFunction, closest_ref_length, corpus_bleu, modified_precision, sentence_bleu
+from nltk.translate.meteor_score import meteor_score
 from rouge_score import rouge_scorer
 
 from ..data.emotions import detect_emotion
@@ -58,14 +62,23 @@ def caption_language(text: str) -> str | None:
     return "zh" if cjk * 3 >= latin else "en"
 
 
+_PORTER = PorterStemmer()
+
+
+class _KeptWords:
+    """What METEOR asks of a word, its stem and its WordNet synsets, kept per process: it asks about
+    the same words for every caption, and each answer is a function of the word alone."""
+
+    stem = staticmethod(functools.cache(_PORTER.stem))
+    synsets = staticmethod(functools.cache(wordnet.synsets))
+
+
 _wordnet_checked = False
 
 
 def _meteor(refs_tok: list[list[str]], hyp_tok: list[str]) -> float:
     global _wordnet_checked
-    from nltk.translate.meteor_score import meteor_score
     if not _wordnet_checked:
-        from nltk.corpus import wordnet
         try:
             wordnet.ensure_loaded()
         except LookupError as exc:
@@ -76,7 +89,34 @@ def _meteor(refs_tok: list[list[str]], hyp_tok: list[str]) -> float:
         _wordnet_checked = True
     if not hyp_tok:
         return 0.0
-    return max(meteor_score([r], hyp_tok) for r in refs_tok)
+    return max(meteor_score([r], hyp_tok, stemmer=_KeptWords, wordnet=_KeptWords) for r in refs_tok)
+
+
+@functools.cache
+def _rouge(language: str) -> rouge_scorer.RougeScorer:
+    return rouge_scorer.RougeScorer(["rougeL"], tokenizer=_RougeTokenizer(language))
+
+
+# A stage scores the same clip's same caption again and again (every configuration whose caption
+# came out alike; the ceiling's candidates), and METEOR's WordNet lookups dominate its scoring:
+# each caption's scores are computed once per process. They are a function of the caption, its
+# references and the language alone, so a kept one is the very number computed again.
+@functools.lru_cache(maxsize=1 << 16)
+def _caption_scores(hyp: str, refs: tuple[str, ...], language: str) -> dict:
+    """One caption's scores against its non-empty references (a dict the caller copies)."""
+    h_tok = tokenize(hyp, language)
+    r_tok = [tokenize(r, language) for r in refs]
+    smooth = SmoothingFunction().method1
+    b1 = sentence_bleu(r_tok, h_tok, weights=(1, 0, 0, 0), smoothing_function=smooth) if h_tok else 0.0
+    b4 = sentence_bleu(r_tok, h_tok, smoothing_function=smooth) if h_tok else 0.0
+    rl = _rouge(language).score_multi(list(refs), hyp)["rougeL"].fmeasure if h_tok else 0.0
+    lang = caption_language(hyp)
+    # corpus BLEU-1's sufficient statistics (as nltk's corpus_bleu sums them), for the bootstrap
+    p1 = modified_precision(r_tok, h_tok, 1)
+    return {"bleu1": 100 * b1, "bleu4": 100 * b4, "meteor": 100 * _meteor(r_tok, h_tok), "rouge_l": 100 * rl,
+            "bleu1_match": p1.numerator, "bleu1_count": p1.denominator, "hyp_len": len(h_tok),
+            "ref_len": closest_ref_length(r_tok, len(h_tok)),
+            "language": lang, "wrong_language": lang is not None and lang != language, "empty": not hyp.strip()}
 
 
 @dataclass
@@ -109,22 +149,11 @@ def score_captions(hypotheses: list[str], references: list[list[str]], language:
             raise ValueError(f"caption {i}: no non-empty reference")
     # nltk warns on every caption without some n-gram overlap; the zero it returns is the answer
     warnings.filterwarnings("ignore", message=r"\s*The hypothesis contains 0 counts")
-    smooth = SmoothingFunction().method1
-    scorer = rouge_scorer.RougeScorer(["rougeL"], tokenizer=_RougeTokenizer(language))
     hyps_tok = [tokenize(h, language) for h in hypotheses]
     refs_tok = [[tokenize(r, language) for r in refs if r.strip()] for refs in references]
     per = []
-    for i, (hyp, h_tok, r_tok, refs) in enumerate(zip(hypotheses, hyps_tok, refs_tok, references)):
-        b1 = sentence_bleu(r_tok, h_tok, weights=(1, 0, 0, 0), smoothing_function=smooth) if h_tok else 0.0
-        b4 = sentence_bleu(r_tok, h_tok, smoothing_function=smooth) if h_tok else 0.0
-        rl = scorer.score_multi([r for r in refs if r.strip()], hyp)["rougeL"].fmeasure if h_tok else 0.0
-        lang = caption_language(hyp)
-        # corpus BLEU-1's sufficient statistics (as nltk's corpus_bleu sums them), for the bootstrap
-        p1 = modified_precision(r_tok, h_tok, 1)
-        rec = {"bleu1": 100 * b1, "bleu4": 100 * b4, "meteor": 100 * _meteor(r_tok, h_tok), "rouge_l": 100 * rl,
-               "bleu1_match": p1.numerator, "bleu1_count": p1.denominator, "hyp_len": len(h_tok),
-               "ref_len": closest_ref_length(r_tok, len(h_tok)),
-               "language": lang, "wrong_language": lang is not None and lang != language, "empty": not hyp.strip()}
+    for i, (hyp, refs) in enumerate(zip(hypotheses, references)):
+        rec = dict(_caption_scores(hyp, tuple(r for r in refs if r.strip()), language))
         if emotions is not None and emotions[i] is not None:
             rec["emotion_pred"] = detect_emotion(hyp, language)
             rec["emotion_hit"] = rec["emotion_pred"] == emotions[i]
