@@ -58,6 +58,21 @@ def test_a_caption_scored_again_gets_the_same_numbers_and_its_own_copy():
     assert again[2]["bleu1"] > 0 and again[0] == first[1]
 
 
+@pytest.mark.parametrize("hyps,refs,lang", [
+    (HYP_EN, REFS_EN, "en"), (HYP_ZH, REFS_ZH, "zh"),
+    (["the voice is loud", "", "zzz qqq"], [["the voice is loud and fast"], ["a sad voice"], ["nothing alike"]], "en"),
+    (["no match here"], [["entirely other words"]], "en"),  # no unigram matches: 0
+    (["a b c"], [["a b c d e f"]], "en"),  # no 4-gram in the hypothesis: an order with nothing to match
+])
+def test_corpus_bleu_is_nltks_to_the_last_bit(hyps, refs, lang):
+    """Corpus BLEU from each caption's kept n-gram statistics equals nltk's `corpus_bleu` exactly."""
+    s = score_captions(hyps, refs, lang)
+    h_tok = [tokenize(h, lang) for h in hyps]
+    r_tok = [[tokenize(r, lang) for r in rs] for rs in refs]
+    assert s.bleu1 == 100 * corpus_bleu(r_tok, h_tok, weights=(1, 0, 0, 0))
+    assert s.bleu4 == 100 * corpus_bleu(r_tok, h_tok)
+
+
 def test_hand_computed_values():
     # hyp "a b c d", ref "a b x d e": unigram precision 3/4, BP = exp(1 - 5/4); LCS = 3 -> P 3/4, R 3/5
     s = score_captions(["a b c d"], [["a b x d e"]], "en")
