@@ -11,6 +11,7 @@ from speccap.decoding import packets
 from speccap.decoding.round import MismatchedRound, Round, read_payload
 from speccap.decoding.rules import make_rule
 from speccap.decoding.stats import Block
+from speccap.decoding.verify import Verdict
 from speccap.decoding.wisv.head import CSI
 from speccap.decoding.wisv.rule import WISV
 
@@ -88,3 +89,23 @@ def test_a_payload_that_does_not_fit_is_refused_by_kind():
     sampled = Round(1, 1, [], [], block, BITS).packet(make_rule("spec_sampling"))
     with pytest.raises(MismatchedRound, match="vocabulary"):
         read_payload(make_rule("spec_sampling"), packets.verify_tail(sampled), 1, 1, 3, VOCAB * 2)
+
+
+def test_a_pipelined_round_carries_its_epoch_and_guess_before_the_blocking_rounds_payload():
+    rule = make_rule("spec_sampling", temperature=1.0)
+    blocking = Round(3, 4, [5], [1, 5], _block(), BITS)
+    piped = dataclasses.replace(blocking, epoch=2, guess=7)
+    body = piped.packet(rule)
+    assert packets.parse_header(body)[0] == packets.PIPELINED
+    assert packets.parse_pipelined(body) == (3, 4, 2, [5], blocking.block.tokens, 7)
+    tail = packets.verify_tail(blocking.packet(rule))
+    ids = 1 + 3 + 1  # sync, draft, guess
+    assert body[-len(tail):] == tail and len(body) == 12 + 8 + -(-ids * BITS // 8) + len(tail)
+    # no guess (the block ends the caption): one id fewer, said by the header
+    assert packets.parse_pipelined(dataclasses.replace(piped, guess=None).packet(rule))[-1] is None
+
+
+def test_a_rounds_verdict_packet_names_its_session_and_sequence():
+    rnd = Round(3, 4, [], [], _block(), BITS, epoch=0, guess=7)
+    assert packets.parse_verdict(rnd.verdict_packet(Verdict(2, 9, True))) == (3, 4, 2, 9)
+    assert packets.parse_verdict(rnd.verdict_packet(Verdict(3, None, False))) == (3, 4, 3, None)

@@ -186,21 +186,26 @@ class CloudHalf(Transport):
     def rows(self):
         return self.session.rows
 
-    def check(self, sync: list[int], prefix: list[int], block: Block, eos: int, csi=None):
-        """One round on the session, off the clock; returns the verdict and the (scaled) compute seconds."""
+    def check(self, rnd: Round, eos: int):
+        """The round `rnd` on the session, off the clock; returns the verdict and the (scaled)
+        compute seconds (the blocking loop waits for them, the pipelined one overlaps them)."""
+        block = rnd.block
         verdict, spent, positions = self.session.verify(
-            sync, prefix, block.tokens, block.q, eos,
+            rnd.sync, rnd.prefix, block.tokens, block.q, eos,
             measure=lambda fn, *a, work: self.books.measure(fn, *a, scale=self.s.cloud_time_scale, work=work),
-            edge_hidden=block.hidden, csi=csi)
+            edge_hidden=block.hidden, csi=rnd.csi)
         self.books.cloud_verified(spent, positions)
         return verdict, spent
 
     # ---- the transport: the blocking loop's rounds on the link model and the virtual clock ----
     def opened(self, link: Link, session_id: int, seq: int) -> tuple[int, int]:
         if self.sess is None:
-            self.post(link, "up", "features", packets.features_packet(session_id, self.features, self.language,
-                                                                         self.wire_dtype))
+            self.post(link, "up", "features", self.features_packet(session_id))
         return session_id, seq
+
+    def features_packet(self, session_id: int) -> bytes:
+        """The FEATURES packet that opens the cloud's session: what the edge sends of the clip."""
+        return packets.features_packet(session_id, self.features, self.language, self.wire_dtype)
 
     def post(self, link: Link, direction: str, kind: str, packet: bytes) -> None:
         self.books.send(link, direction, kind, packet)
@@ -208,7 +213,7 @@ class CloudHalf(Transport):
     def verify(self, rnd: Round, eos: int) -> Answer:
         # the whole round at once: a WISV verdict names the positions it needed (the selective
         # protocol's question), and `hidden` then hands that verdict back
-        self._verdict, dt = self.check(rnd.sync, rnd.prefix, rnd.block, eos, rnd.csi)
+        self._verdict, dt = self.check(rnd, eos)
         self.books.elapse(dt)
         return self._answer(rnd, self._verdict.asked)
 
@@ -217,7 +222,7 @@ class CloudHalf(Transport):
 
     def _answer(self, rnd: Round, asked=()) -> Answer:
         v = self._verdict
-        return Answer(v, packets.verdict_packet(rnd.session_id, rnd.seq, v.accepted, v.token, rnd.bits), list(asked))
+        return Answer(v, rnd.verdict_packet(v), list(asked))
 
     def observe(self, rnd: Round, verdict) -> None:
         if self.s.observer is not None:

@@ -51,7 +51,7 @@ from .halves import CloudHalf, EdgeHalf, SpecSettings, last_token
 from .ledger import CaptionRecord, Ledger
 from .link import Link
 from .policies import LengthPolicy
-from .round import round_payload
+from .round import Round
 from .stats import Block, audio_summary
 from .verify import Verdict
 
@@ -204,21 +204,19 @@ class _Loop:
         guess = self.ed.pick() if not ends and end_len < s.max_new_tokens else None
         t = books.now
         if not self.features_sent:
-            seconds = books.account(self.link, "up", "features",
-                                    packets.features_packet(self.session_id, self.cl.features, self.language,
-                                                            self.cl.wire_dtype))
+            seconds = books.account(self.link, "up", "features", self.cl.features_packet(self.session_id))
             self.up.send(t, seconds)  # the verify packet queues behind it
             self.features_sent = True
-        payload = packets.pipelined_packet(self.session_id, self.seq, self.epoch, sync, block.tokens, guess,
-                                           self.bits) + round_payload(s.rule, self.session_id, self.seq, block)
-        arrived = self.up.send(t, books.account(self.link, "up", "verify", payload))
+        rnd = Round(self.session_id, self.seq, sync, self.seq_all[:block.start], block, self.bits,
+                    epoch=self.epoch, guess=guess)
+        arrived = self.up.send(t, books.account(self.link, "up", "verify", rnd.packet(s.rule)))
         books.synced(len(sync))
         verdict, holds, arrival = None, True, math.inf
         if self.epoch == self.cloud_epoch:
-            verdict, dt = self.cl.check(sync, self.seq_all[:block.start], block, self.eos)
+            verdict, dt = self.cl.check(rnd, self.eos)
             self.cloud_free = max(arrived, self.cloud_free) + dt
-            down = packets.verdict_packet(self.session_id, self.seq, verdict.accepted, verdict.token, self.bits)
-            arrival = self.down.send(self.cloud_free, books.account(self.link, "down", "verdict", down))
+            arrival = self.down.send(self.cloud_free,
+                                     books.account(self.link, "down", "verdict", rnd.verdict_packet(verdict)))
             holds = verdict.accepted == len(block) and (guess is None or verdict.token == guess)
             self.cloud_epoch += not holds
         # verified, or dropped unverified: drafted on top of a rejected block

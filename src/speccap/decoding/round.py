@@ -10,8 +10,10 @@ session if needed, build the round, send it, answer a question for hidden states
 mismatch rate, book the verdict. A transport only moves the bytes and books them on its clock:
 `CloudHalf` (decoding.halves) verifies in-process on the link model; `RemoteCloud`
 (serving.edge) posts the same packets to `speccap serve-cloud`, which judges them with the same
-`CloudSession` code, having read the payload back with `read_payload`. The pipelined loop, which
-overlaps rounds, sends the same payload behind its own header.
+`CloudSession` code, having read the payload back with `read_payload`. The pipelined loop builds
+the same `Round` with its epoch and guess (a PIPELINED header before the same payload) and verifies
+it in-process with the same call; only its timing is its own: it overlaps rounds on pipes of its
+own (decoding.pipelined).
 """
 
 from __future__ import annotations
@@ -45,11 +47,24 @@ class Round:
     bits: int  # bits per token id on the wire
     protocol: str | None = None  # WISV's upload protocol for this block ("full" | "selective")
     csi: object = None  # WISV: the channel state the edge measured (decoding.wisv.head.CSI)
+    # the pipelined loop's: contradicting verdicts the edge has heard of (the cloud drops a round
+    # whose epoch is behind its own), and its guess at the cloud's bonus token; None: a blocking round
+    epoch: int | None = None
+    guess: int | None = None
 
     def packet(self, rule: Rule, q_dtype: str = "float16") -> bytes:
-        """The VERIFY packet: the header with sync and draft ids, then `payload`."""
-        return packets.verify_packet(self.session_id, self.seq, self.sync, self.block.tokens, self.bits) + \
-            round_payload(rule, self.session_id, self.seq, self.block, self.protocol, self.csi, q_dtype)
+        """The round's packet: a VERIFY header with the sync and draft ids (a PIPELINED one, with the
+        epoch and the guess, in the pipelined loop), then `round_payload`."""
+        if self.epoch is None:
+            head = packets.verify_packet(self.session_id, self.seq, self.sync, self.block.tokens, self.bits)
+        else:
+            head = packets.pipelined_packet(self.session_id, self.seq, self.epoch, self.sync, self.block.tokens,
+                                            self.guess, self.bits)
+        return head + round_payload(rule, self.session_id, self.seq, self.block, self.protocol, self.csi, q_dtype)
+
+    def verdict_packet(self, verdict: Verdict) -> bytes:
+        """The VERDICT packet answering this round."""
+        return packets.verdict_packet(self.session_id, self.seq, verdict.accepted, verdict.token, self.bits)
 
     def hidden_packet(self, positions) -> bytes:
         return hidden_upload(self.session_id, self.seq, self.block, positions)
