@@ -66,7 +66,7 @@ def run(n_clips: int, rows: int, all_configs: bool, calib_clips: int) -> dict:
     return {"command": portable_command(), "clips_per_language": n_clips, "rows": rows,
             "configurations": [c.name for c in configs], "captions": captions, "cost_model": cost.coef,
             "ways": {name: {"batch": ways[name][0], "invariant_rows": ways[name][1], "cpu_s": cpu, "wall_s": wall,
-                            "captions_per_cpu_s": captions / cpu} for name, (_, cpu, wall, _) in runs.items()},
+                            "captions_per_cpu_s": captions / cpu} for name, (_, cpu, wall, *_) in runs.items()},
             "eager": compare("single", "batched"), "invariant": compare("invariant, alone", "invariant, batched"),
             "invariant_vs_single": compare("single", "invariant, alone")}
 

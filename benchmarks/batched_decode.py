@@ -40,6 +40,8 @@ THROUGHPUT_TARGET = 3.0  # the issue's: captions per CPU-second, batched / singl
 PYTHON_TARGET = 0.15  # the issue's: the loops' own share of batched time, at most
 # what only the measured world sets (wall time, seconds inside forwards, the process's CPU and memory)
 UNSHARED = {"wall_time", "model_time", "cpu_percent", "ram_gb"}
+# rules whose edge draws its tokens: each drafted token's law, draw and payload are the loop's own work
+SAMPLING_RULES = {"spec_sampling", "qs", "sq"}
 
 
 def _params_with(base: Path, cost: dict, batch: int, out: Path, prompt_cache_mb: int | None = None) -> Path:
@@ -65,22 +67,32 @@ def _pool_seconds(batch: int) -> dict:
     return out
 
 
+def family(cfg) -> str:
+    """The kind of decoding a configuration is, as the report splits throughput by it."""
+    if cfg.spec is None:
+        return "edge-only and cloud-only"
+    return "speculative, sampling rules" if cfg.spec.rule in SAMPLING_RULES else "speculative, greedy rules"
+
+
 def _decode(params_file: Path, batch: int, threads: int, configs, clips, lockstep: bool | None = None
-            ) -> tuple[dict, float, float, dict | None]:
+            ) -> tuple[dict, float, float, dict | None, dict]:
     """Every configuration on its language's clips through the stage's worker job (`lockstep` as
     Pool's); returns the records by (configuration, clip), this process's CPU seconds, the wall
-    seconds and (batched) the wall seconds inside the executor's forwards and prefills."""
+    seconds, (batched) the wall seconds inside the executor's forwards and prefills, and the CPU
+    seconds by `family`."""
     pool = Pool(str(params_file), workers=0, threads=threads, batch=batch, lockstep=lockstep)
-    records, cpu, wall = {}, 0.0, 0.0
+    records, cpu, wall, by_family = {}, 0.0, 0.0, {}
     for cfg in tqdm(configs, desc=f"batch {batch}", unit="config", leave=False):
         jobs = [(cfg, c["id"]) for c in clips[cfg.language]]
         c0, w0 = time.process_time(), time.perf_counter()
         made = list(pool.imap(jobs))
-        cpu += time.process_time() - c0
+        spent = time.process_time() - c0
+        cpu += spent
         wall += time.perf_counter() - w0
+        by_family[family(cfg)] = by_family.get(family(cfg), 0.0) + spent
         records.update(((cfg.name, rec["id"]), rec) for rec in made)
     # each Pool loads its own models, so this executor and its pools served these jobs alone
-    return records, cpu, wall, _pool_seconds(batch) if batch > 1 else None
+    return records, cpu, wall, _pool_seconds(batch) if batch > 1 else None, by_family
 
 
 def _gap(edge, cloud, mel, lang: str, prefix: list[int]) -> float:
@@ -128,9 +140,9 @@ def run(n_clips: int, batches: list[int], threads: int, calib_clips: int, prompt
     single = captions / runs[1][1]
     languages = {c.name: c.language for c in configs}
     rows = [{"batch": b, "cpu_s": cpu, "wall_s": wall, "captions_per_cpu_s": captions / cpu,
-             "ratio": captions / cpu / single, "profile": _profile(spent, wall),
+             "ratio": captions / cpu / single, "profile": _profile(spent, wall), "cpu_by_family": by_family,
              "equivalence": None if b == 1 else _compare(runs[1][0], records, languages, edge, cloud, params)}
-            for b, (records, cpu, wall, spent) in runs.items()]
+            for b, (records, cpu, wall, spent, by_family) in runs.items()]
     return {"command": portable_command(), "clips_per_language": n_clips, "threads": threads,
             "configurations": len(configs), "captions": captions, "cost_model": cost.coef, "rows": rows,
             "prompt_cache_mb": kept,
@@ -185,12 +197,30 @@ def markdown(r: dict) -> str:
                   "switching between them. \"Forwards over the asking rows alone\": the share of the pools' forwards "
                   "run over copies of the rows asking, where that gives every row the full step's bits "
                   "(`RowPool(compact=\"bitwise\")`, docs/decoding.md)."]
+    lines += _by_family(r)
     differ = [d for row in r["rows"] if row["equivalence"] for d in row["equivalence"]["differences"]]
     if differ:
         lines += ["", "| configuration | clip | top-2 logit gap at the divergence | single | batched |", "|---|---|---|---|---|"]
         lines += [f"| {d['configuration']} | {d['clip']} | {d['top2_gap']:.2e} | {d['single']} | {d['batched']} |"
                   for d in differ]
     return "\n".join(lines) + "\n"
+
+
+def _by_family(r: dict) -> list[str]:
+    """Batched / single by kind of decoding (its configurations' CPU seconds in each executor)."""
+    single = r["rows"][0]["cpu_by_family"]
+    batched = r["rows"][1:]
+    lines = ["", "By kind of decoding (CPU seconds of its configurations; batched / single in brackets):", "",
+             "| kind | single | " + " | ".join(f"B = {row['batch']}" for row in batched) + " |",
+             "|---|---|" + "---|" * len(batched)]
+    for kind, s in single.items():
+        cells = [f"{row['cpu_by_family'][kind]:.1f} ({s / row['cpu_by_family'][kind]:.2f}x)" for row in batched]
+        lines.append(f"| {kind} | {s:.1f} | " + " | ".join(cells) + " |")
+    return lines + ["", "Each executor runs edge-only and cloud-only first, so they also pay for encoding every "
+                        "clip's audio once per model (kept for the later configurations, `sweep.audio_cache_mb`), and "
+                        "their few seconds move most with the machine's noise. A sampling rule's edge draws each token "
+                        "from its own law, quantises it (Q-S) and packs it for the wire, one token at a time in each "
+                        "caption's loop: work a shared forward does not take over."]
 
 
 def main() -> None:
