@@ -22,12 +22,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from speccap.config import load_params
-from speccap.pipeline.gate_report import gate_configs
-from speccap.pipeline.markdown import md_table
-from speccap.pipeline.sweep import build_configs, eval_clips, run_config
-from speccap.pipeline.wisv import wisv_configs
-from speccap.pipeline.workers import Pool
+# the stages' kernels, set before numpy and torch load (its workers inherit them): a machine whose own
+# kernels differ from the pinned ones would otherwise make records that differ in their last bits
+from speccap.kernels import pin_kernels
+
+pin_kernels()
+
+from speccap.config import load_params  # noqa: E402
+from speccap.pipeline.gate_report import gate_configs  # noqa: E402
+from speccap.pipeline.markdown import md_table  # noqa: E402
+from speccap.pipeline.sweep import build_configs, eval_clips, run_config  # noqa: E402
+from speccap.pipeline.wisv import wisv_configs  # noqa: E402
+from speccap.pipeline.workers import Pool  # noqa: E402
 
 MEASURED = {"wall_time", "model_time", "cpu_percent", "ram_gb"}
 STAGES = {  # stage -> (its records folder, its summary, the configurations it builds)
