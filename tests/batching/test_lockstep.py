@@ -15,6 +15,7 @@ from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, specula
 from speccap.decoding.gates import make_gate
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed, UGSDAdaptive
+from speccap.decoding.qs import QSAdaptive
 from speccap.decoding.rules import make_rule
 from speccap.decoding.stats import TokenStats, greedy_stats
 from speccap.decoding.verify import Rank
@@ -51,6 +52,15 @@ def _head(edge, cloud):
     return DecisionHead(d, cloud.model.config.get_text_config().hidden_size).eval()
 
 
+def _sampled(e, c, mel, lang, rule: str, adaptive: bool = False):
+    """A sampling edge verified by `rule` (every block sent), Q-S's level fixed or chosen per round."""
+    link = Link(LinkConfig())
+    verify = make_rule(rule, temperature=1.0, level=8)
+    policy = QSAdaptive(verify, link, e.vocab_size, levels=(2, 8, 32), l_max=5) if adaptive else None
+    return speculative(e, c, mel, lang, _settings("always", None, rule_obj=verify, policy=policy, temperature=1.0),
+                       link)
+
+
 LOOPS = {
     "edge-only": lambda e, c, mel, lang: edge_only(e, mel, lang, MAX, cost=COST),
     "cloud-only": lambda e, c, mel, lang: cloud_only(c, mel, lang, Link(LinkConfig()), MAX, cost=COST),
@@ -66,6 +76,9 @@ LOOPS = {
         e, c, mel, lang, _settings(cloud_cache=False), Link(LinkConfig())),
     "oracle at a budget": lambda e, c, mel, lang: speculative(
         e, c, mel, lang, _settings("always", None, rule_obj=Rank(1, 2)), Link(LinkConfig())),
+    "speculative sampling": lambda e, c, mel, lang: _sampled(e, c, mel, lang, "spec_sampling"),
+    "Q-S": lambda e, c, mel, lang: _sampled(e, c, mel, lang, "qs"),
+    "Q-S, adaptive level": lambda e, c, mel, lang: _sampled(e, c, mel, lang, "qs", adaptive=True),
     "wisv": lambda e, c, mel, lang: speculative(
         e, c, mel, lang, _settings("always", None, rule_obj=WISV(_head(e, c), 0.5)), Link(LinkConfig())),
 }
