@@ -13,7 +13,7 @@ configurations, in one run.
    of the two models' top-2 logit gaps after the captions' common prefix (a batched matmul rounds
    differently; only a near-tie may flip).
 
-Writes reports/batched_decode.{json,md}.
+Writes reports/batched_decode.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -210,7 +210,8 @@ def _by_family(r: dict) -> list[str]:
     """Batched / single by kind of decoding (its configurations' CPU seconds in each executor)."""
     single = r["rows"][0]["cpu_by_family"]
     batched = r["rows"][1:]
-    lines = ["", "By kind of decoding (CPU seconds of its configurations; batched / single in brackets):", "",
+    lines = ["", "By kind of decoding (CPU seconds of its configurations; batched / single in brackets; drawn in "
+             "batched_decode.png):", "",
              "| kind | single | " + " | ".join(f"B = {row['batch']}" for row in batched) + " |",
              "|---|---|" + "---|" * len(batched)]
     for kind, s in single.items():
@@ -221,6 +222,30 @@ def _by_family(r: dict) -> list[str]:
                         "their few seconds move most with the machine's noise. A sampling rule's edge draws each token "
                         "from its own law, quantises it (Q-S) and packs it for the wire, one token at a time in each "
                         "caption's loop: work a shared forward does not take over."]
+
+
+def plot(r: dict, path: Path) -> None:
+    """Batched / single against B: every configuration, and each kind of decoding, beside the target."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = r["rows"]
+    batches = [row["batch"] for row in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.plot(batches, [row["ratio"] for row in rows], "o-", color="black", lw=2, label="all configurations")
+    for kind, single in rows[0]["cpu_by_family"].items():
+        ax.plot(batches, [single / row["cpu_by_family"][kind] for row in rows], "o--", label=kind)
+    ax.axhline(r["target"], color="grey", ls=":", label=f"target ({r['target']:.0f}x)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("captions at once (B)")
+    ax.set_ylabel("captions per CPU-second, batched / single")
+    ax.set_title("The batching executor beside the single one")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -235,6 +260,7 @@ def main() -> None:
     args = ap.parse_args()
     r = run(args.clips, args.batch, args.threads, args.calibration_clips, args.prompt_cache_mb)
     write_report(args.out, r, markdown)
+    plot(r, args.out.with_suffix(".png"))
 
 
 if __name__ == "__main__":
