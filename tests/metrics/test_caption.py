@@ -1,9 +1,11 @@
+import random
+
 import pytest
 from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu, sentence_bleu
 from nltk.translate.meteor_score import meteor_score
 from rouge_score import rouge_scorer
 
-from speccap.metrics.caption import caption_language, score_captions, tokenize
+from speccap.metrics.caption import caption_language, score_captions, sentence_bleu1, tokenize
 
 HYP_EN = ["In the audio, the speaker's tone is raised with rapid pacing. Therefore, the speaker exhibits anger.",
           "In the audio, a soft voice and slow pacing. Therefore, the speaker exhibits sadness."]
@@ -118,3 +120,44 @@ def test_bad_input():
         score_captions([], [], "en")
     s = score_captions(["In the audio 😄 naïve café"], [["In the audio — “naïve” café 😄"]], "en")
     assert s.bleu1 > 0
+
+
+def _random_cases(lang: str, n: int, seed: int):
+    """Captions and reference sets over a few words (or characters), so that n-grams repeat, LCS
+    ties and references without a token (punctuation alone) come up."""
+    rng = random.Random(seed)
+    words = ["the", "voice", "is", "loud", "calm", "anger", "sad", "a", "speaker"] if lang == "en" else list("说话者声音很大愤怒悲伤")
+    join = " ".join if lang == "en" else "".join
+    for _ in range(n):
+        hyp = join(rng.choices(words, k=rng.randint(1, 14)))
+        refs = [join(rng.choices(words, k=rng.randint(1, 14))) for _ in range(rng.randint(1, 3))]
+        if rng.random() < 0.15:
+            refs.insert(rng.randrange(len(refs) + 1), "!?")
+        yield hyp, refs
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_sentence_bleu_and_rouge_l_are_the_libraries_to_the_last_bit_and_type(lang):
+    """Sentence BLEU-1/4 (smoothing method 1) and ROUGE-L are computed here, not by nltk and
+    rouge-score: every caption's numbers are theirs exactly, down to rouge-score's integer 0 for a
+    reference without tokens, and to nltk's 0 without a unigram match."""
+    sm = SmoothingFunction().method1
+
+    class Tok:
+        def tokenize(self, text):
+            return tokenize(text, lang)
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], tokenizer=Tok())
+    for hyp, refs in _random_cases(lang, 400, seed=1):
+        got = score_captions([hyp], [refs], lang).per_caption[0]
+        h = tokenize(hyp, lang)
+        r = [tokenize(x, lang) for x in refs]
+        bleu1 = sentence_bleu(r, h, weights=(1, 0, 0, 0), smoothing_function=sm)
+        want = {"bleu1": 100 * bleu1,
+                "bleu4": 100 * sentence_bleu(r, h, smoothing_function=sm),
+                "rouge_l": 100 * scorer.score_multi(refs, hyp)["rougeL"].fmeasure}
+        assert repr({k: got[k] for k in want}) == repr(want), (hyp, refs)
+        assert repr(sentence_bleu1(refs, h, lang)) == repr(bleu1)
+    # no word in common: nltk's integer 0, and rouge-score's 0.0
+    none = score_captions(["calm"], [["loud anger"]], "en").per_caption[0]
+    assert repr((none["bleu1"], none["rouge_l"])) == "(0, 0.0)"

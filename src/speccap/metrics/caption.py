@@ -1,8 +1,8 @@
 """Caption quality: BLEU-1/4, METEOR and ROUGE-L F against one or more references, x100.
 
 Tokens: English is lower-cased words; Chinese is one token per character (Latin words and
-numbers inside Chinese text stay whole), for all four metrics. rouge-score's default tokenizer
-keeps only [a-z0-9] and so scores every Chinese caption 0: we hand it our tokenizer instead.
+numbers inside Chinese text stay whole), for all four metrics (rouge-score's own tokenizer keeps
+only [a-z0-9] and would score every Chinese caption 0).
 
 BLEU: corpus-level (nltk's corpus_bleu, no smoothing, the standard definition; summed from each
 caption's kept n-gram statistics, `corpus_bleu` here) and the mean of
@@ -11,6 +11,11 @@ caption missing all 4-grams scores small rather than exactly 0).
 METEOR: nltk's meteor_score (WordNet synonyms for English; exact and stem matches for Chinese
 characters), best over references, averaged over captions.
 ROUGE-L: rouge-score's LCS F-measure, best over references (score_multi), averaged.
+
+Sentence BLEU and ROUGE-L are computed here rather than by nltk and rouge-score, to their last
+bit (tests/metrics/test_caption.py holds them to the libraries): a stage scores thousands of
+captions of the same few hundred clips between its decoding runs, and the libraries count each
+reference's n-grams again for every caption and fill the LCS table cell by cell in Python.
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ import math
 import re
 import sys
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 
 from nltk.corpus import wordnet
 from nltk.stem.porter import PorterStemmer
-from nltk.translate.bleu_score import SmoothingFunction, brevity_penalty, closest_ref_length, modified_precision, sentence_bleu
+from nltk.translate.bleu_score import brevity_penalty, closest_ref_length
 from nltk.translate.meteor_score import meteor_score
-from rouge_score import rouge_scorer
 
 from ..data.emotions import detect_emotion
 
@@ -44,16 +49,6 @@ def tokenize(text: str, language: str) -> list[str]:
     if language == "en":
         return _EN_TOKEN.findall(text)
     raise ValueError(f"unknown caption language {language!r} (expected 'en' or 'zh')")
-
-
-class _RougeTokenizer:
-    """The interface rouge-score expects of a custom tokenizer."""
-
-    def __init__(self, language: str):
-        self.language = language
-
-    def tokenize(self, text: str) -> list[str]:
-        return tokenize(text, self.language)
 
 
 def caption_language(text: str) -> str | None:
@@ -101,9 +96,76 @@ def _meteor(refs_tok: list[list[str]], hyp_tok: list[str]) -> float:
     return max(meteor_score([r], hyp_tok, stemmer=_KeptWords, wordnet=_KeptWords) for r in refs_tok)
 
 
-@functools.cache
-def _rouge(language: str) -> rouge_scorer.RougeScorer:
-    return rouge_scorer.RougeScorer(["rougeL"], tokenizer=_RougeTokenizer(language))
+class _References:
+    """One clip's references, tokenized, and for n = 1..4 each n-gram's largest count in any of
+    them: what every caption of the clip is clipped against (a stage scores many captions of it)."""
+
+    def __init__(self, refs: tuple[str, ...], language: str):
+        self.tokens = tuple(tokenize(r, language) for r in refs)
+        self.most: list[dict[tuple[str, ...], int]] = []
+        for n in range(1, 5):
+            most: dict[tuple[str, ...], int] = {}
+            for tok in self.tokens:
+                for gram, count in Counter(_ngrams(tok, n)).items():
+                    if count > most.get(gram, 0):
+                        most[gram] = count
+            self.most.append(most)
+
+    def clipped(self, hyp: list[str], n: int) -> tuple[int, int]:
+        """nltk's `modified_precision` of order n as (numerator, denominator), unreduced as nltk
+        leaves them: the hypothesis's n-grams clipped to their largest count in one reference."""
+        counts = Counter(_ngrams(hyp, n))
+        most = self.most[n - 1]
+        return sum(min(c, most.get(gram, 0)) for gram, c in counts.items()), max(1, sum(counts.values()))
+
+
+def _ngrams(tokens: list[str], n: int):
+    return zip(*(tokens[i:] for i in range(n)))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _references(refs: tuple[str, ...], language: str) -> _References:
+    return _References(refs, language)
+
+
+def _sentence_bleu(grams: tuple[tuple[int, int], ...], hyp_len: int, ref_len: int,
+                   weights: tuple[float, ...]) -> float:
+    """nltk's `sentence_bleu` with smoothing method 1 (an order without a match counts 0.1 of one),
+    to the last bit, from the caption's clipped n-gram statistics; 0 without a unigram match."""
+    if grams[0][0] == 0:
+        return 0
+    precisions = [m / c if m else (m + 0.1) / c for m, c in grams]
+    return brevity_penalty(ref_len, hyp_len) * math.exp(math.fsum(w * math.log(p) for w, p in zip(weights, precisions)))
+
+
+def _lcs_length(a: list[str], b: list[str]) -> int:
+    """The longest common subsequence's length, a bit per token of `a` (Hyyro's bit-parallel
+    form of the dynamic programme rouge-score fills cell by cell: the same number)."""
+    where: dict[str, int] = {}
+    for i, tok in enumerate(a):
+        where[tok] = where.get(tok, 0) | (1 << i)
+    full = (1 << len(a)) - 1
+    v = full
+    for tok in b:
+        u = v & where.get(tok, 0)
+        v = ((v + u) | (v - u)) & full
+    return len(a) - v.bit_count()
+
+
+def _rouge_l(refs_tok: tuple[list[str], ...], hyp: list[str]) -> float:
+    """rouge-score's ROUGE-L F-measure, best over the references (`score_multi`), to the last bit
+    and type: its integer 0 for a reference without tokens, its first best on a tie."""
+    best = None
+    for ref in refs_tok:
+        if not ref or not hyp:
+            f = 0
+        else:
+            lcs = _lcs_length(ref, hyp)
+            precision, recall = lcs / len(hyp), lcs / len(ref)
+            f = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+        if best is None or f > best:
+            best = f
+    return best
 
 
 # A stage scores the same clip's same caption again and again (every configuration whose caption
@@ -115,19 +177,28 @@ def _caption_scores(hyp: str, refs: tuple[str, ...], language: str) -> tuple[dic
     """One caption's scores against its non-empty references (a dict the caller copies), and its
     clipped n-gram matches and n-gram counts for n = 1..4, what corpus BLEU sums over captions."""
     h_tok = tokenize(hyp, language)
-    r_tok = [tokenize(r, language) for r in refs]
-    smooth = SmoothingFunction().method1
-    b1 = sentence_bleu(r_tok, h_tok, weights=(1, 0, 0, 0), smoothing_function=smooth) if h_tok else 0.0
-    b4 = sentence_bleu(r_tok, h_tok, smoothing_function=smooth) if h_tok else 0.0
-    rl = _rouge(language).score_multi(list(refs), hyp)["rougeL"].fmeasure if h_tok else 0.0
+    ref = _references(refs, language)
+    grams = tuple(ref.clipped(h_tok, n) for n in range(1, 5))
+    ref_len = closest_ref_length(ref.tokens, len(h_tok))
+    b1 = _sentence_bleu(grams, len(h_tok), ref_len, (1, 0, 0, 0)) if h_tok else 0.0
+    b4 = _sentence_bleu(grams, len(h_tok), ref_len, (0.25, 0.25, 0.25, 0.25)) if h_tok else 0.0
+    rl = _rouge_l(ref.tokens, h_tok) if h_tok else 0.0
     lang = caption_language(hyp)
-    grams = tuple((p.numerator, p.denominator) for p in (modified_precision(r_tok, h_tok, n) for n in range(1, 5)))
     # corpus BLEU-1's sufficient statistics, for the bootstrap
-    return {"bleu1": 100 * b1, "bleu4": 100 * b4, "meteor": 100 * _meteor(r_tok, h_tok), "rouge_l": 100 * rl,
-            "bleu1_match": grams[0][0], "bleu1_count": grams[0][1], "hyp_len": len(h_tok),
-            "ref_len": closest_ref_length(r_tok, len(h_tok)),
+    return {"bleu1": 100 * b1, "bleu4": 100 * b4, "meteor": 100 * _meteor(ref.tokens, h_tok), "rouge_l": 100 * rl,
+            "bleu1_match": grams[0][0], "bleu1_count": grams[0][1], "hyp_len": len(h_tok), "ref_len": ref_len,
             "language": lang, "wrong_language": lang is not None and lang != language,
             "empty": not hyp.strip()}, grams
+
+
+def sentence_bleu1(references: list[str], hyp: list[str], language: str) -> float:
+    """A tokenized caption's sentence BLEU-1 (x1, smoothing method 1, as in the scores above)
+    against references given as text (those without text left out)."""
+    if not hyp:
+        return 0.0
+    ref = _references(tuple(r for r in references if r.strip()), language)
+    grams = tuple(ref.clipped(hyp, n) for n in range(1, 5))
+    return _sentence_bleu(grams, len(hyp), closest_ref_length(ref.tokens, len(hyp)), (1, 0, 0, 0))
 
 
 def corpus_bleu(grams: list[tuple[tuple[int, int], ...]], hyp_len: int, ref_len: int,

@@ -21,7 +21,6 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from tqdm import tqdm
 
 from ..config import Params
@@ -30,7 +29,7 @@ from ..data.featurize import load_clip_features
 from ..data.manifest import append_jsonl, read_jsonl
 from ..gating.ceiling import PlanWalker, Trajectory, allocate, greedy_curve
 from ..metrics.bootstrap import ClipStats, gap_closed, interval
-from ..metrics.caption import score_captions, tokenize
+from ..metrics.caption import score_captions, sentence_bleu1, tokenize
 from . import workers
 from .gate_names import CEILING, KEYS
 from .quality_table import format_share
@@ -50,12 +49,8 @@ class CeilingSettings:
 
 def objective(s: CeilingSettings, references: list[str], emotion: str | None, language: str):
     """The score of a caption the search maximizes: each gap's points over the gap."""
-    refs = [tokenize(r, language) for r in references if r.strip()]
-    smooth = SmoothingFunction().method1
-
     def score(caption: str) -> float:
-        hyp = tokenize(caption, language)
-        bleu1 = 100 * sentence_bleu(refs, hyp, weights=(1, 0, 0, 0), smoothing_function=smooth) if hyp else 0.0
+        bleu1 = 100 * sentence_bleu1(references, tokenize(caption, language), language)
         hit = emotion is not None and detect_emotion(caption, language) == emotion
         return bleu1 / s.bleu1_gap + 100.0 * hit / s.emotion_gap
     return score
