@@ -96,7 +96,7 @@ def _meteor(refs_tok: list[list[str]], hyp_tok: list[str]) -> float:
     return max(meteor_score([r], hyp_tok, stemmer=_KeptWords, wordnet=_KeptWords) for r in refs_tok)
 
 
-class _References:
+class References:
     """One clip's references, tokenized, and for n = 1..4 each n-gram's largest count in any of
     them: what every caption of the clip is clipped against (a stage scores many captions of it)."""
 
@@ -124,8 +124,9 @@ def _ngrams(tokens: list[str], n: int):
 
 
 @functools.lru_cache(maxsize=1 << 12)
-def _references(refs: tuple[str, ...], language: str) -> _References:
-    return _References(refs, language)
+def references_of(refs: tuple[str, ...], language: str) -> References:
+    """A clip's references (non-empty texts) made ready for `overlaps`, kept per process."""
+    return References(refs, language)
 
 
 def _sentence_bleu(grams: tuple[tuple[int, int], ...], hyp_len: int, ref_len: int,
@@ -168,6 +169,16 @@ def _rouge_l(refs_tok: tuple[list[str], ...], hyp: list[str]) -> float:
     return best
 
 
+def overlaps(hyp: list[str], ref: References) -> tuple[float, float, float, tuple[tuple[int, int], ...], int]:
+    """A tokenized caption's sentence BLEU-1 and BLEU-4 (x1, smoothing method 1), ROUGE-L F (x1),
+    clipped n-gram statistics (n = 1..4) and closest reference length."""
+    grams = tuple(ref.clipped(hyp, n) for n in range(1, 5))
+    ref_len = closest_ref_length(ref.tokens, len(hyp))
+    b1 = _sentence_bleu(grams, len(hyp), ref_len, (1, 0, 0, 0)) if hyp else 0.0
+    b4 = _sentence_bleu(grams, len(hyp), ref_len, (0.25, 0.25, 0.25, 0.25)) if hyp else 0.0
+    return b1, b4, _rouge_l(ref.tokens, hyp) if hyp else 0.0, grams, ref_len
+
+
 # A stage scores the same clip's same caption again and again (every configuration whose caption
 # came out alike; the ceiling's candidates), and METEOR's WordNet lookups dominate its scoring:
 # each caption's scores are computed once per process. They are a function of the caption, its
@@ -177,12 +188,8 @@ def _caption_scores(hyp: str, refs: tuple[str, ...], language: str) -> tuple[dic
     """One caption's scores against its non-empty references (a dict the caller copies), and its
     clipped n-gram matches and n-gram counts for n = 1..4, what corpus BLEU sums over captions."""
     h_tok = tokenize(hyp, language)
-    ref = _references(refs, language)
-    grams = tuple(ref.clipped(h_tok, n) for n in range(1, 5))
-    ref_len = closest_ref_length(ref.tokens, len(h_tok))
-    b1 = _sentence_bleu(grams, len(h_tok), ref_len, (1, 0, 0, 0)) if h_tok else 0.0
-    b4 = _sentence_bleu(grams, len(h_tok), ref_len, (0.25, 0.25, 0.25, 0.25)) if h_tok else 0.0
-    rl = _rouge_l(ref.tokens, h_tok) if h_tok else 0.0
+    ref = references_of(refs, language)
+    b1, b4, rl, grams, ref_len = overlaps(h_tok, ref)
     lang = caption_language(hyp)
     # corpus BLEU-1's sufficient statistics, for the bootstrap
     return {"bleu1": 100 * b1, "bleu4": 100 * b4, "meteor": 100 * _meteor(ref.tokens, h_tok), "rouge_l": 100 * rl,
@@ -194,11 +201,7 @@ def _caption_scores(hyp: str, refs: tuple[str, ...], language: str) -> tuple[dic
 def sentence_bleu1(references: list[str], hyp: list[str], language: str) -> float:
     """A tokenized caption's sentence BLEU-1 (x1, smoothing method 1, as in the scores above)
     against references given as text (those without text left out)."""
-    if not hyp:
-        return 0.0
-    ref = _references(tuple(r for r in references if r.strip()), language)
-    grams = tuple(ref.clipped(hyp, n) for n in range(1, 5))
-    return _sentence_bleu(grams, len(hyp), closest_ref_length(ref.tokens, len(hyp)), (1, 0, 0, 0))
+    return overlaps(hyp, references_of(tuple(r for r in references if r.strip()), language))[0]
 
 
 def corpus_bleu(grams: list[tuple[tuple[int, int], ...]], hyp_len: int, ref_len: int,
