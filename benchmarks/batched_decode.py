@@ -55,12 +55,12 @@ def _params_with(base: Path, cost: dict, batch: int, out: Path, prompt_cache_mb:
 
 
 def _pool_seconds(batch: int) -> dict:
-    """Seconds the batching executor's row pools have spent in forwards and prefills so far, and the
-    forwards they ran and how many of them over the asking rows alone (this process's executor of
-    `batch` rows, as the stage's worker job uses it)."""
-    out = {"run": 0.0, "prefill": 0.0, "steps": 0, "compacted": 0}
+    """Seconds the batching executor's row pools have spent in forwards, prefills and the statistics
+    of each step's rows so far, and the forwards they ran and how many of them over the asking rows
+    alone (this process's executor of `batch` rows, as the stage's worker job uses it)."""
+    out = {"run": 0.0, "prefill": 0.0, "summary": 0.0, "steps": 0, "compacted": 0}
     for pool in stepped(batch)[0].pools:
-        for k in ("run", "prefill"):
+        for k in ("run", "prefill", "summary"):
             out[k] += pool.seconds[k]
         out["steps"] += pool.steps
         out["compacted"] += pool.compacted
@@ -150,13 +150,15 @@ def run(n_clips: int, batches: list[int], threads: int, calib_clips: int, prompt
 
 
 def _profile(spent: dict | None, wall: float) -> dict | None:
-    """Shares of a batched run's wall time: the executor's batched forwards, its batched prefills, and
-    the rest, the loops' own time (their Python, per-caption tensor work, the executor's switching)."""
+    """Shares of a batched run's wall time: the executor's batched forwards, its batched prefills, the
+    statistics it computes once per step over every asking row's last logits (token statistics, a
+    sampling draft's law, a greedy loop's token: `Session.extend(summarize=...)`), and the rest, the
+    loops' own time (their Python, per-caption tensor work, the executor's switching)."""
     if spent is None:
         return None
-    forwards, prefill = spent["run"] / wall, spent["prefill"] / wall
-    return {"forwards": forwards, "prefill": prefill, "loops": 1.0 - forwards - prefill,
-            "compacted": spent["compacted"] / max(spent["steps"], 1)}
+    forwards, prefill, statistics = spent["run"] / wall, spent["prefill"] / wall, spent["summary"] / wall
+    return {"forwards": forwards, "prefill": prefill, "statistics": statistics,
+            "loops": 1.0 - forwards - prefill - statistics, "compacted": spent["compacted"] / max(spent["steps"], 1)}
 
 
 def markdown(r: dict) -> str:
@@ -173,15 +175,17 @@ def markdown(r: dict) -> str:
            if r.get("prompt_cache_mb") else "Neither keeps prompts (`sweep.prompt_cache_mb: 0`)."),
         "",
         "| captions at once (B) | CPU s | wall s | captions per CPU-second | batched / single | captions equal | "
-        "other record fields differ | forwards | prefills | loops' own | forwards over the asking rows alone |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "other record fields differ | forwards | prefills | step statistics | loops' own | forwards over the asking rows "
+        "alone |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
         eq, prof = row["equivalence"], row.get("profile")
         same = "–" if eq is None else f"{eq['captions'] - eq['captions_differ']} / {eq['captions']}"
         other = "–" if eq is None else str(eq["records_differ_with_equal_captions"])
-        shares = ("–",) * 4 if prof is None else tuple(f"{prof[k]:.0%}" if k in prof else "–"
-                                                       for k in ("forwards", "prefill", "loops", "compacted"))
+        shares = ("–",) * 5 if prof is None else tuple(f"{prof[k]:.0%}" if k in prof else "–"
+                                                       for k in ("forwards", "prefill", "statistics", "loops",
+                                                                 "compacted"))
         name = "1 (the single executor)" if row["batch"] == 1 else str(row["batch"])
         lines.append(f"| {name} | {row['cpu_s']:.1f} | {row['wall_s']:.1f} | {row['captions_per_cpu_s']:.1f} | "
                      f"{row['ratio']:.2f}x | {same} | {other} | {' | '.join(shares)} |")
@@ -193,8 +197,10 @@ def markdown(r: dict) -> str:
                   f"{'met' if loops < r['python_target'] else 'not met'}). \"Other record fields\": records whose "
                   "caption is equal but whose clocks, bytes, rounds or acceptance differ. The profile splits each "
                   "batched run's wall time into the row pools' forwards and prefills (batching.row_pool, setup "
-                  "included) and the rest: the loops' own Python and per-caption tensor work, and the executor's "
-                  "switching between them. \"Forwards over the asking rows alone\": the share of the pools' forwards "
+                  "included), the statistics the executor computes once per step over every asking row's last "
+                  "logits (entropy, margin and rank of a drafted token, a sampling draft's law, a greedy loop's "
+                  "token: batching.lockstep), and the rest: the loops' own Python and per-caption tensor work, and "
+                  "the executor's switching between them. \"Forwards over the asking rows alone\": the share of the pools' forwards "
                   "run over copies of the rows asking, where that gives every row the full step's bits "
                   "(`RowPool(compact=\"bitwise\")`, docs/decoding.md)."]
     lines += _by_family(r)

@@ -221,6 +221,12 @@ def test_a_step_summarizes_every_row_that_asks_in_one_call(pair, clips):
     e = ex.wrap(edge)
     batched = dict(ex.map(lambda ij: (ij[0], job(e, *ij[1])), list(enumerate(clips[:4]))))
     assert calls == [4, 4, 4]  # three steps, all four rows summarized together in each
+    # the pool counts the summaries' seconds apart from its forwards' (a profile of the executor reads them)
+    assert ex.pools[0].seconds["summary"] > 0 and ex.pools[0].seconds["run"] > 0
+    plain = Lockstep(4)
+    p = plain.wrap(edge)
+    list(plain.map(lambda ij: p.start(*ij).extend([5]), clips[:4]))
+    assert plain.pools[0].seconds["summary"] == 0 and plain.pools[0].seconds["run"] > 0
     for i, one in enumerate(alone):
         for (want, _), (got, logits) in zip(one, batched[i]):
             assert isinstance(got, TokenStats)

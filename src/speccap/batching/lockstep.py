@@ -19,6 +19,7 @@ a batched run charges every model call by a cost model (decoding.cost): callers 
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -50,6 +51,9 @@ class _Ask:
         for i, a in enumerate(asks):
             if a.summarize is not None:
                 by_fn.setdefault(a.summarize, []).append(i)
+        if not by_fn:
+            return outs
+        t0 = time.perf_counter()
         for fn, idx in by_fn.items():
             last = torch.stack([outs[i][0][-1] for i in idx])
             if pool.invariant is not None:  # a reduction's order follows its shape: one shape for any batch
@@ -57,6 +61,7 @@ class _Ask:
             made = fn(last)
             for i, summary in zip(idx, made):
                 outs[i] = outs[i][:2] + (summary,)
+        pool.seconds["summary"] += time.perf_counter() - t0
         return outs
 
 

@@ -111,9 +111,10 @@ class RowPool:
         self.steps = 0  # forwards run (one per `run`)
         self.asked = 0  # requests they served
         self.compacted = 0  # forwards run over copies of the asking rows alone (`compact`)
-        # seconds spent in the pool's forwards (`run`) and prefills, setup included: what a profile of
-        # the executor holds against the loops' own time (benchmarks/batched_decode.py)
-        self.seconds = {"run": 0.0, "prefill": 0.0}
+        # seconds spent in the pool's forwards (`run`) and prefills, setup included, and in the
+        # statistics of each step's rows the executor computes (`summary`, batching.lockstep): what a
+        # profile of the executor holds against the loops' own time (benchmarks/batched_decode.py)
+        self.seconds = {"run": 0.0, "prefill": 0.0, "summary": 0.0}
 
     @property
     def rows(self) -> int:
