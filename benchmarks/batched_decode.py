@@ -123,7 +123,8 @@ def _compare(single: dict, batched: dict, languages: dict, edge, cloud, params) 
             "records_differ_with_equal_captions": records_differ, "differences": differ}
 
 
-def run(n_clips: int, batches: list[int], threads: int, calib_clips: int, prompt_cache_mb: int | None = None) -> dict:
+def run(n_clips: int, batches: list[int], threads: int, calib_clips: int, prompt_cache_mb: int | None = None,
+        repeats: int = 1) -> dict:
     params_path = Path("params.yaml")
     params = load_params(params_path)
     kept = params.sweep.prompt_cache_mb if prompt_cache_mb is None else prompt_cache_mb
@@ -131,21 +132,26 @@ def run(n_clips: int, batches: list[int], threads: int, calib_clips: int, prompt
     cost, _ = calibrate({"edge": edge, "cloud": cloud}, _calibration_clips(params, calib_clips))
     configs = build_configs(params)
     clips = {lang: eval_clips(params, lang)[:n_clips] for lang in params.data.languages}
-    runs = {}
+    passes: dict[int, list] = {b: [] for b in (1, *batches)}
     with tempfile.TemporaryDirectory() as tmp:
-        for b in (1, *batches):
-            runs[b] = _decode(_params_with(params_path, cost.coef, b, Path(tmp) / f"params{b}.yaml", kept), b, threads,
-                              configs, clips)
+        files = {b: _params_with(params_path, cost.coef, b, Path(tmp) / f"params{b}.yaml", kept) for b in passes}
+        for _ in range(repeats):  # the executors take turns, so a slow spell of the machine falls on all of them
+            for b in passes:
+                passes[b].append(_decode(files[b], b, threads, configs, clips))
+    # each executor's pass of median CPU seconds stands for it (its records, profile and split by kind)
+    runs = {b: sorted(ps, key=lambda p: p[1])[len(ps) // 2] for b, ps in passes.items()}
     captions = len(runs[1][0])
     single = captions / runs[1][1]
     languages = {c.name: c.language for c in configs}
     rows = [{"batch": b, "cpu_s": cpu, "wall_s": wall, "captions_per_cpu_s": captions / cpu,
              "ratio": captions / cpu / single, "profile": _profile(spent, wall), "cpu_by_family": by_family,
+             "pass_cpu_s": [p[1] for p in passes[b]],
+             "pass_ratios": [one[1] / p[1] for one, p in zip(passes[1], passes[b])],
              "equivalence": None if b == 1 else _compare(runs[1][0], records, languages, edge, cloud, params)}
             for b, (records, cpu, wall, spent, by_family) in runs.items()]
     return {"command": portable_command(), "clips_per_language": n_clips, "threads": threads,
             "configurations": len(configs), "captions": captions, "cost_model": cost.coef, "rows": rows,
-            "prompt_cache_mb": kept,
+            "prompt_cache_mb": kept, "repeats": repeats,
             "target": THROUGHPUT_TARGET, "python_target": PYTHON_TARGET, "best_ratio": max(r["ratio"] for r in rows)}
 
 
@@ -172,7 +178,9 @@ def markdown(r: dict) -> str:
         "call by one cost model calibrated in the same run (speccap.decoding.cost). "
         + (f"Both keep prompts across configurations (`sweep.prompt_cache_mb: {r['prompt_cache_mb']}`; "
            "off in the stages by default): each clip's prompt is computed once per model, alone."
-           if r.get("prompt_cache_mb") else "Neither keeps prompts (`sweep.prompt_cache_mb: 0`)."),
+           if r.get("prompt_cache_mb") else "Neither keeps prompts (`sweep.prompt_cache_mb: 0`).")
+        + (f" Every executor ran {r['repeats']} passes, taking turns (the single one, then each B, {r['repeats']} "
+           "times over); each row is its executor's pass of median CPU seconds." if r.get("repeats", 1) > 1 else ""),
         "",
         "| captions at once (B) | CPU s | wall s | captions per CPU-second | batched / single | captions equal | "
         "other record fields differ | forwards | prefills | step statistics | loops' own | forwards over the asking rows "
@@ -189,6 +197,10 @@ def markdown(r: dict) -> str:
         name = "1 (the single executor)" if row["batch"] == 1 else str(row["batch"])
         lines.append(f"| {name} | {row['cpu_s']:.1f} | {row['wall_s']:.1f} | {row['captions_per_cpu_s']:.1f} | "
                      f"{row['ratio']:.2f}x | {same} | {other} | {' | '.join(shares)} |")
+    if r.get("repeats", 1) > 1:
+        lines += ["", "Batched / single, pass by pass (each pass's CPU seconds against the single executor's in the "
+                      "same pass): " + "; ".join(f"B = {row['batch']}: " + ", ".join(f"{x:.2f}x" for x in row["pass_ratios"])
+                                               for row in r["rows"][1:]) + "."]
     best = max((row for row in r["rows"] if row.get("profile")), key=lambda row: row["ratio"])
     loops = best["profile"]["loops"]
     lines += ["", f"Best throughput, batched / single: **{r['best_ratio']:.2f}x** (target at least "
@@ -262,9 +274,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--calibration-clips", type=int, default=4, help="train clips per language timed for the cost model")
     ap.add_argument("--prompt-cache-mb", type=int, help="sweep.prompt_cache_mb for both executors (default: params')")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="passes of every executor, taking turns; each one's median pass stands for it")
     ap.add_argument("--out", type=Path, default=Path("reports/batched_decode"))
     args = ap.parse_args()
-    r = run(args.clips, args.batch, args.threads, args.calibration_clips, args.prompt_cache_mb)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
+    r = run(args.clips, args.batch, args.threads, args.calibration_clips, args.prompt_cache_mb, args.repeats)
     write_report(args.out, r, markdown)
     plot(r, args.out.with_suffix(".png"))
 
