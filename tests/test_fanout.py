@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from speccap.fanout import WorkerDied, WorkerPool, describe_exit, fan_out
+from speccap.fanout import Background, WorkerDied, WorkerPool, describe_exit, fan_out
 
 _STATE = {}
 
@@ -84,3 +84,57 @@ def test_describe_exit():
     assert describe_exit(-9).startswith("killed by SIGKILL")
     assert describe_exit(-11).startswith("killed by SIGSEGV")
     assert describe_exit(3) == "exit code 3" and describe_exit(None) == "exit status unknown"
+
+
+def _slow_square(x):
+    if x == "bad":
+        raise ValueError("item bad is bad")
+    if x == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.05 * (5 - x))  # the first items finish last
+    return x * x, os.getpid()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_background_work_runs_while_this_process_goes_on_and_comes_back_in_order(workers):
+    t0 = time.monotonic()
+    with Background(_slow_square, range(5), workers, stage="demo") as bg:
+        returned = time.monotonic() - t0
+        made = bg.results()
+    assert [m[0] for m in made] == [0, 1, 4, 9, 16]
+    # in a worker, the constructor returns at once and the work is another process's
+    assert ({m[1] for m in made} == {os.getpid()}) == (workers == 0)
+    if workers:
+        assert returned < 0.2
+
+
+def test_background_work_raises_what_the_worker_raised_or_its_death():
+    with Background(_slow_square, [1, "bad"], 1, stage="demo") as bg, pytest.raises(ValueError, match="item bad"):
+        bg.results()
+    with Background(_slow_square, [1, "die"], 1, stage="demo", key=lambda x: f"item {x}") as bg, \
+            pytest.raises(WorkerDied, match="demo: worker process .* while working on item die"):
+        bg.results()
+
+
+_MAIN = '''
+import sys
+from speccap.fanout import fan_out
+if __name__ != "__main__":  # imported again, as a worker's main module
+    open(sys.argv[1], "a").write("imported")
+def here(x):
+    return -x
+if __name__ == "__main__":
+    print(sorted(fan_out(here if sys.argv[2] == "here" else abs, [-1, -2], 2, stage="demo")))
+'''
+
+
+@pytest.mark.parametrize("work", ["here", "speccap"])
+def test_workers_import_the_main_module_only_when_the_work_is_defined_there(tmp_path, work):
+    import subprocess
+    import sys
+    script, marker = tmp_path / "stage.py", tmp_path / "imported"
+    script.write_text(_MAIN)
+    out = subprocess.run([sys.executable, str(script), str(marker), work], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "[1, 2]"
+    assert marker.exists() == (work == "here")

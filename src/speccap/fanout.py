@@ -14,11 +14,15 @@ parent can name the item even when the worker was killed mid-write of anything e
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import functools
 import multiprocessing as mp
 import os
 import shutil
 import signal
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
@@ -69,6 +73,30 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+def _from_main(fn: Callable) -> bool:
+    """Whether `fn`, or a function a partial of it holds, is defined in the main module."""
+    if isinstance(fn, functools.partial):
+        return _from_main(fn.func) or any(callable(a) and _from_main(a) for a in fn.args)
+    return getattr(fn, "__module__", "__main__") == "__main__"
+
+
+@contextlib.contextmanager
+def _main_unnamed(unname: bool):
+    """While a worker starts: a spawned process imports its parent's main module first, by name or
+    path, in case the work is defined there. A stage's main module is its Prefect flow, whose imports
+    (Prefect and the flows package) took each worker about 4 s of CPU and 150 MB, for nothing: the
+    work is speccap's own (checked by the caller: `unname`). Unnamed, the main is not imported."""
+    main = sys.modules["__main__"]
+    kept = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__} if unname else {}
+    try:
+        if kept:
+            main.__spec__ = None
+            main.__dict__.pop("__file__", None)
+        yield
+    finally:
+        main.__dict__.update(kept)
+
+
 def _worker_init(marks: str, fn: Callable, init: Callable | None, initargs: tuple) -> None:
     _W["mark"] = Path(marks) / str(os.getpid())
     _W["fn"] = fn
@@ -114,6 +142,7 @@ class WorkerPool:
             if initializer is not None:
                 initializer(*initargs)
             return
+        self._unname_main = not any(_from_main(f) for f in (fn, initializer) if f is not None)
         self._marks = tempfile.mkdtemp(prefix=f"speccap-{stage}-")
         self._executor = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
                                                 initializer=_worker_init,
@@ -138,7 +167,8 @@ class WorkerPool:
                     return
                 k = key(item)
                 try:
-                    pending[self._executor.submit(_call, k, item)] = k
+                    with _main_unnamed(self._unname_main):  # (a worker starts in a submit, if one is due)
+                        pending[self._executor.submit(_call, k, item)] = k
                 except BrokenProcessPool:
                     raise self._died(len(pending) + 1) from None
                 self._procs.update(getattr(self._executor, "_processes", None) or {})
@@ -205,3 +235,52 @@ def fan_out(fn: Callable, items: Iterable, workers: int, *, stage: str, key: Cal
     """Results of `fn` over `items` as they finish, on a one-off `WorkerPool`."""
     with WorkerPool(fn, workers, stage=stage, initializer=initializer, initargs=initargs) as pool:
         yield from pool.imap_unordered(items, key)
+
+
+def _keyed(fn: Callable, item: tuple[int, Any]) -> tuple[int, Any]:
+    i, arg = item
+    return i, fn(arg)
+
+
+class Background:
+    """`fn` over `items` in `workers` processes while this one goes on with other work; `results()`
+    waits for them and gives them in item order. With `workers == 0` the items run in `results()`,
+    in this process. What `fn` raised is raised by `results()`, and so is `WorkerDied`; leaving
+    the `with` block before then stops the workers."""
+
+    def __init__(self, fn: Callable, items: Iterable, workers: int, *, stage: str,
+                 key: Callable[[Any], str] = str):
+        self.fn, self.items = fn, list(items)
+        self._made: dict[int, Any] = {}
+        self._error: BaseException | None = None
+        self._pool = self._thread = None
+        if workers > 0 and self.items:
+            self._pool = WorkerPool(functools.partial(_keyed, fn), workers, stage=stage)
+            self._thread = threading.Thread(target=self._drive, args=(lambda item: key(item[1]),), daemon=True)
+            self._thread.start()
+
+    def _drive(self, key: Callable) -> None:
+        try:
+            for i, made in self._pool.imap_unordered(enumerate(self.items), key):
+                self._made[i] = made
+        except Exception as exc:  # noqa: BLE001 - handed to results(): this thread has no one to tell
+            self._error = exc
+
+    def results(self) -> list:
+        if self._thread is None:
+            return [self.fn(item) for item in self.items]
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return [self._made[i] for i in range(len(self.items))]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._thread.join()
+
+    def __enter__(self) -> "Background":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from speccap.config import params_from_dict
@@ -148,3 +150,17 @@ def test_entropy_tuning_names_the_traces_when_they_lack_the_temperatures(tmp_pat
         train_gates(p, shadow_table(0), shadow_table(1))
     with pytest.raises(ValueError, match=r"val\.parquet has no column entropy_at.*dvc repro traces"):
         train_gates(p, shadow_table(0), shadow_table(1).drop(columns="entropy_at"))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the LightGBM fits go to a worker only beside another core")
+def test_gates_fitted_in_a_worker_are_the_bytes_fitted_here(tmp_path, monkeypatch):
+    from speccap.pipeline import gates
+    made = {}
+    for where, rows in (("here", 10**9), ("worker", 0)):
+        monkeypatch.setattr(gates, "ASIDE_ROWS", rows)
+        p = params_from_dict({"models": {"dir": str(tmp_path / where)}})
+        train_gates(p, shadow_table(0), shadow_table(1))
+        made[where] = {f.name: f.read_bytes() for f in sorted((tmp_path / where / "gates").iterdir())
+                       if f.suffix in (".json", ".csv")}
+    assert any(name.startswith("tok-lightgbm") for name in made["here"])
+    assert made["worker"] == made["here"]

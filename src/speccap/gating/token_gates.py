@@ -61,6 +61,16 @@ class _MLP:
     def fit(self, x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None,
             sample_weight: np.ndarray | None = None):
         import torch
+        # one thread, whatever the machine: then its sums cannot depend on how many there are (at this
+        # size one is also the fastest), and the gates stage fits LightGBM on another core meanwhile
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._fit(torch, x, y, groups, sample_weight)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _fit(self, torch, x: np.ndarray, y: np.ndarray, groups: np.ndarray | None, sample_weight: np.ndarray | None):
         torch.manual_seed(self.seed)
         rng = np.random.default_rng(self.seed)
         self.scale = 1.0
@@ -148,6 +158,10 @@ class LightGBMScorer:
         import lightgbm
         self.model_text = model_text
         self.booster = lightgbm.Booster(model_str=model_text)
+
+    def __reduce__(self):
+        # sent between processes as its text: the receiver's booster is the one the text loads
+        return (LightGBMScorer, (self.model_text,))
 
     def scores(self, x: np.ndarray) -> np.ndarray:
         return self.booster.predict(x, num_threads=1)

@@ -24,12 +24,14 @@ pipeline.verify_rank).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ..config import Params
+from ..fanout import Background
 from ..gating.features import TOKEN_SCALARS
 from ..gating.gate_file import SUFFIX, gate_document, write_gate
 from ..gating.learned import rule_token_scores, threshold_for_budget
@@ -39,6 +41,9 @@ from .saved import gate_dir
 from .traces import features_of
 
 BLOCK_SUFFIX = "-block"
+# trace rows from which the LightGBM fits go to a worker process: below, its start (a second or two)
+# costs more than the fits
+ASIDE_ROWS = 5_000
 
 
 def learned_names(params: Params) -> list[str]:
@@ -120,14 +125,23 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
     y = {t: val[t].to_numpy(bool) for t in ("mismatch", "critical")}
     result = {"budgets": list(g.budgets), "verify": g.verify, "gates": {}, "chosen": {}}
     curves = {}
+    labels = train[[c for c in _LABEL_COLUMNS if c in train.columns]]
+    weights = impact_weights(train, g.impact_weight) if g.impact_weight and "critical" in g.targets else None
+    jobs = [(name, x_train, labels, dim, eos, params.seed, weights) for name in learned_names(params)]
+    # LightGBM and the MLP fit on one thread each, the same bits in any process: the LightGBM gates
+    # are fitted in a worker while this process fits the MLPs; the logistic ones come last, when their
+    # BLAS threads have the cores to themselves (their sums depend on how many threads there are)
+    kind = {job[0]: job[0].split("-")[1] for job in jobs}
+    aside = [job for job in jobs if kind[job[0]] == "lightgbm"]
+    beside = 1 if len(os.sched_getaffinity(0)) > 1 and len(train) >= ASIDE_ROWS else 0
+    with Background(fit_gate, aside, beside, stage="gates",
+                    key=lambda job: f"gate {job[0]}") as background:
+        models = {job[0]: fit_gate(job) for job in jobs if kind[job[0]] == "mlp"}
+        models |= {job[0]: model for job, model in zip(aside, background.results())}
+    models |= {job[0]: fit_gate(job) for job in jobs if job[0] not in models}
     for name in learned_names(params):
         _, kind, target = name.split("-", 2)
-        weights = impact_weights(train, g.impact_weight) if target == "critical" and g.impact_weight else None
-        try:
-            model = fit_token_gate(x_train, train, kind, target, dim, eos, params.seed, sample_weight=weights)
-        except ValueError as exc:  # say where the traces are and what would give more of them
-            raise ValueError(f"data/traces/train.parquet cannot train gate {name}: {exc} (trace more clips: "
-                             "params gates.traces.train_clips, then dvc repro traces)") from exc
+        model = models[name]
         s = model.token_scores(x_val)
         thresholds = _thresholds(val, s, g.budgets)
         if not model.regression:  # a probability: its reliability curve (a gain score is in points)
@@ -162,6 +176,23 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
     calibration_plot(curves, out / "calibration.png")
     (out / "gates.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+# the trace columns a gate's target and its held-out clips are read from (fit_token_gate)
+_LABEL_COLUMNS = ("impact", "mismatch", "critical", "clip_id")
+
+
+def fit_gate(job: tuple) -> TokenGateModel:
+    """One learned gate fitted: (name, trace features, label columns, hidden size, end token, seed,
+    the critical target's row weights or None)."""
+    name, x, labels, dim, eos, seed, weights = job
+    _, kind, target = name.split("-", 2)
+    try:
+        return fit_token_gate(x, labels, kind, target, dim, eos, seed,
+                              sample_weight=weights if target == "critical" else None)
+    except ValueError as exc:  # say where the traces are and what would give more of them
+        raise ValueError(f"data/traces/train.parquet cannot train gate {name}: {exc} (trace more clips: "
+                         "params gates.traces.train_clips, then dvc repro traces)") from exc
 
 
 def tune_entropy(val: pd.DataFrame, budgets, temperatures) -> dict:
