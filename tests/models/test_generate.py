@@ -1,8 +1,10 @@
 """The one token loop every single-model caption runs through."""
 
+import numpy as np
+import pytest
 import torch
 
-from speccap.models.generate import autoregress
+from speccap.models.generate import autoregress, draw
 
 
 def _model(script: list[int], vocab: int = 8):
@@ -39,3 +41,16 @@ def test_choose_picks_from_each_rows_logits():
     # the token after the argmax: the end token's row gives 0, so the limit ends the caption
     ids = autoregress(first, feed, eos=7, limit=4, choose=lambda logits: (int(logits.argmax()) + 1) % 8)
     assert ids == [4, 5, 6, 0] and fed == [4, 5, 6]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_draw_takes_the_token_numpys_choice_takes_from_the_same_generator(dtype):
+    make = np.random.default_rng(0)
+    for seed in range(60):
+        law = make.dirichlet(np.full(500, make.choice([0.05, 1.0]))).astype(dtype)
+        law[make.integers(500, size=200)] = 0  # a lattice's zeros
+        law *= make.choice([1.0, 3.0])  # weights, not yet a law
+        ours, numpys = np.random.default_rng(seed), np.random.default_rng(seed)
+        for _ in range(40):
+            assert draw(torch.from_numpy(law) if seed % 2 else law, ours) == \
+                int(numpys.choice(len(law), p=law / law.sum()))

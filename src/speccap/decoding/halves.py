@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..models.base import AudioLM
-from ..models.generate import pick
+from ..models.generate import draw, pick
 from . import packets
 from .cloud import CloudSession
 from .cost import Work
@@ -115,12 +115,10 @@ class EdgeHalf:
             if not isinstance(known, SampledRow):
                 known = sampled_rows(self.logits[None], self.s.temperature, self.entropy_temperature)[0]
             q = rule.edge_distribution(known.draw)
-            law = (q if rule.sample_quantized else known.draw).numpy()
-            tok = int(self.rng.choice(len(law), p=law / law.sum()))
+            tok = draw(q if rule.sample_quantized else known.draw, self.rng)
             stats, _ = known.stats(tok)
         elif isinstance(known, SampledRow):  # drawn as `pick` draws
-            law = known.draw.numpy()
-            tok = int(self.rng.choice(len(law), p=law / law.sum()))
+            tok = draw(known.draw, self.rng)
             stats, q = known.stats(tok)
             q = q.float() if needs_q else None
         elif known is not None and not needs_q:  # (the prefill's logits are not summarized: done here)

@@ -48,9 +48,10 @@ class Block:
         return len(self.tokens)
 
 
-def _entropy(logp: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of each row of log-probabilities (the last dimension)."""
-    return -(logp.exp() * logp).nan_to_num().sum(-1)
+def _entropy(logp: torch.Tensor, p: torch.Tensor | None = None) -> torch.Tensor:
+    """Entropy in nats of each row of log-probabilities (the last dimension); `p`: logp.exp(), where
+    the caller has it already."""
+    return -((logp.exp() if p is None else p) * logp).nan_to_num().sum(-1)
 
 
 def tempered_entropies(logits: torch.Tensor, temperatures) -> list[float]:
@@ -70,7 +71,7 @@ def token_stats(logits: torch.Tensor, token: int, temperature: float = 1.0,
     top2 = torch.topk(p, 2)
     lp = float(logp[token])
     rank = int((logp > lp).sum()) + 1
-    entropy = float(_entropy(logp)) if entropy_temperature is None else tempered_entropies(logits, [entropy_temperature])[0]
+    entropy = float(_entropy(logp, p)) if entropy_temperature is None else tempered_entropies(logits, [entropy_temperature])[0]
     stats = TokenStats(token, entropy, float(top2.values[0]), float(top2.values[0] - top2.values[1]), lp, rank)
     return stats, p
 
@@ -87,8 +88,8 @@ def greedy_stats(logits: torch.Tensor, entropy_temperature: float | None = None)
     top2 = torch.topk(p, 2, dim=-1).values
     lp = logp.gather(-1, tok[:, None])
     rank = (logp > lp).sum(-1) + 1
-    entropy = _entropy(logp if entropy_temperature is None else torch.log_softmax(logits.double() / entropy_temperature,
-                                                                                  dim=-1))
+    entropy = _entropy(logp, p) if entropy_temperature is None else \
+        _entropy(torch.log_softmax(logits.double() / entropy_temperature, dim=-1))
     numbers = torch.stack([entropy, top2[:, 0], top2[:, 0] - top2[:, 1], lp[:, 0]], -1).tolist()
     return [TokenStats(t, *row, r) for t, row, r in zip(tok.tolist(), numbers, rank.tolist())]
 
@@ -130,8 +131,8 @@ def sampled_rows(logits: torch.Tensor, temperature: float, entropy_temperature: 
     logp = torch.log_softmax(x, dim=-1)
     p = logp.exp()
     top2 = torch.topk(p, 2, dim=-1).values
-    entropy = _entropy(logp if entropy_temperature is None else torch.log_softmax(logits.double() / entropy_temperature,
-                                                                                  dim=-1))
+    entropy = _entropy(logp, p) if entropy_temperature is None else \
+        _entropy(torch.log_softmax(logits.double() / entropy_temperature, dim=-1))
     numbers = torch.stack([entropy, top2[:, 0], top2[:, 0] - top2[:, 1]], -1).tolist()
     return [SampledRow(draw[i], logp[i], p[i], *numbers[i]) for i in range(len(numbers))]
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..models.generate import draw
+
 
 @dataclass
 class Verdict:
@@ -158,18 +160,15 @@ class SpecSampling(Rule):
                 total = float(residual.sum())
                 # p == q up to rounding: the residual is empty, and p itself is the right law
                 law = residual / total if total > 1e-12 else p
-                return Verdict(i, _sample(law, rng), True, ranks)
+                return Verdict(i, draw(law, rng), True, ranks)
         if draft and draft[-1] == eos:
             return Verdict(len(draft), None, False, ranks)
-        return Verdict(len(draft), _sample(self._p(rows[len(draft)]), rng), False, ranks)
+        return Verdict(len(draft), draw(self._p(rows[len(draft)]), rng), False, ranks)
 
     def describe(self) -> dict:
         return {"rule": self.name, "temperature": self.temperature}
 
 
-def _sample(p: torch.Tensor, rng: np.random.Generator) -> int:
-    p = p.numpy()
-    return int(rng.choice(len(p), p=p / p.sum()))
 
 
 def rule_for_gate(rule: Rule, gate, language: str) -> Rule:
