@@ -38,6 +38,11 @@ _W: dict[str, Any] = {}
 _IDLE = "\0"
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the system tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 class WorkerDied(RuntimeError):
     """A worker process of a fan-out ended abruptly (signal, OOM kill, crash in native code)."""
 

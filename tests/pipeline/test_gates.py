@@ -1,8 +1,7 @@
-import os
-
 import pytest
 
 from speccap.config import params_from_dict
+from speccap.fanout import usable_cores
 from speccap.gating.gate_file import read_gate
 from speccap.gating.token_gates import LearnedTokenGate
 from speccap.pipeline.gates import learned_names, train_gates
@@ -152,7 +151,7 @@ def test_entropy_tuning_names_the_traces_when_they_lack_the_temperatures(tmp_pat
         train_gates(p, shadow_table(0), shadow_table(1).drop(columns="entropy_at"))
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the LightGBM fits go to a worker only beside another core")
+@pytest.mark.skipif(usable_cores() < 2, reason="the LightGBM fits go to a worker only beside another core")
 def test_gates_fitted_in_a_worker_are_the_bytes_fitted_here(tmp_path, monkeypatch):
     from speccap.pipeline import gates
     made = {}

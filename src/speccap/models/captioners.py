@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from ..data.featurize import load_clip_features
 from ..data.manifest import manifest_path, read_manifest
 from ..data.sentences import sentence_index
 from ..data.uplink import Uplink
-from ..fanout import fan_out
+from ..fanout import fan_out, usable_cores
 from .aux_targets import cue_vector
 from .configs import build_model
 from .learned_uplink import ENCODER_FILE, UPLINK_FILE, EncoderShape, LearnedUplink, TrainingFront
@@ -122,7 +121,7 @@ def side_by_side(params: Params, roles: list[str]) -> int:
     2 cores, 1.18 s a step against 0.51 s alone), so on 2 cores two 2-thread roles take turns."""
     if not roles:
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     widest = max(getattr(params.models, role).train.threads for role in roles)
     return max(1, min(len(roles), cores // widest))
 

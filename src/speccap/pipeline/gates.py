@@ -24,14 +24,13 @@ pipeline.verify_rank).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ..config import Params
-from ..fanout import Background
+from ..fanout import Background, usable_cores
 from ..gating.features import TOKEN_SCALARS
 from ..gating.gate_file import SUFFIX, gate_document, write_gate
 from ..gating.learned import rule_token_scores, threshold_for_budget
@@ -131,12 +130,12 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
     # LightGBM and the MLP fit on one thread each, the same bits in any process: the LightGBM gates
     # are fitted in a worker while this process fits the MLPs; the logistic ones come last, when their
     # BLAS threads have the cores to themselves (their sums depend on how many threads there are)
-    kind = {job[0]: job[0].split("-")[1] for job in jobs}
-    aside = [job for job in jobs if kind[job[0]] == "lightgbm"]
-    beside = 1 if len(os.sched_getaffinity(0)) > 1 and len(train) >= ASIDE_ROWS else 0
+    kinds = {job[0]: job[0].split("-")[1] for job in jobs}
+    aside = [job for job in jobs if kinds[job[0]] == "lightgbm"]
+    beside = 1 if usable_cores() > 1 and len(train) >= ASIDE_ROWS else 0
     with Background(fit_gate, aside, beside, stage="gates",
                     key=lambda job: f"gate {job[0]}") as background:
-        models = {job[0]: fit_gate(job) for job in jobs if kind[job[0]] == "mlp"}
+        models = {job[0]: fit_gate(job) for job in jobs if kinds[job[0]] == "mlp"}
         models |= {job[0]: model for job, model in zip(aside, background.results())}
     models |= {job[0]: fit_gate(job) for job in jobs if job[0] not in models}
     for name in learned_names(params):
