@@ -86,6 +86,19 @@ def test_describe_exit():
     assert describe_exit(3) == "exit code 3" and describe_exit(None) == "exit status unknown"
 
 
+
+def _environment(name):
+    return os.environ.get(name)
+
+
+def test_workers_blas_threads_sleep_at_once_and_this_process_keeps_its_environment(monkeypatch):
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
+    assert list(fan_out(_environment, ["OPENBLAS_THREAD_TIMEOUT"], 1, stage="demo")) == ["4"]
+    assert "OPENBLAS_THREAD_TIMEOUT" not in os.environ
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "9")  # the user's own setting wins
+    assert list(fan_out(_environment, ["OPENBLAS_THREAD_TIMEOUT"], 1, stage="demo")) == ["9"]
+
+
 def _slow_square(x):
     if x == "bad":
         raise ValueError("item bad is bad")

@@ -85,6 +85,26 @@ def _from_main(fn: Callable) -> bool:
     return getattr(fn, "__module__", "__main__") == "__main__"
 
 
+# OpenBLAS's threads spin after each call before they sleep (2**28 cycles unless told). Workers side
+# by side share the cores, so one worker's spinning threads took the others' time: featurize's two
+# workers on two cores, each with its BLAS thread per core, were slower together than one alone. A
+# worker's threads sleep at once instead (the shortest spin OpenBLAS takes); results do not change.
+_WORKER_ENV = {"OPENBLAS_THREAD_TIMEOUT": "4"}
+
+
+@contextlib.contextmanager
+def _worker_env():
+    """While a worker starts (it inherits this process's environment): _WORKER_ENV where the user set
+    none of its variables, then the environment as it was."""
+    added = {k: v for k, v in _WORKER_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
 @contextlib.contextmanager
 def _main_unnamed(unname: bool):
     """While a worker starts: a spawned process imports its parent's main module first, by name or
@@ -172,7 +192,8 @@ class WorkerPool:
                     return
                 k = key(item)
                 try:
-                    with _main_unnamed(self._unname_main):  # (a worker starts in a submit, if one is due)
+                    # (a worker starts in a submit, if one is due)
+                    with _main_unnamed(self._unname_main), _worker_env():
                         pending[self._executor.submit(_call, k, item)] = k
                 except BrokenProcessPool:
                     raise self._died(len(pending) + 1) from None

@@ -8,9 +8,10 @@ speed). `prosody` summarises pitch, energy, voicing and rate for the gates and r
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from ..numba_cache import ensure_warm
 
@@ -19,12 +20,26 @@ PROSODY_KEYS = ("f0_mean", "f0_std", "f0_min", "f0_max", "f0_range_st", "f0_slop
                 "voiced_fraction", "onset_rate", "pause_fraction", "duration")
 
 
+@cache
 def _librosa():
     """librosa, imported only once the numba cache is known to load (speccap.numba_cache): some of
-    its numba functions compile as their module is imported."""
+    its numba functions compile as their module is imported. Checked once per process, not at each
+    of a clip's two calls: the check reads the CPU's name and features each time."""
     ensure_warm()
     import librosa
     return librosa
+
+
+# OpenBLAS splits the mel filterbank's product among its threads, and the split changes the sums'
+# last bits (1 thread against 2: every clip's float32 log-mel, a stored float16 value in one clip in
+# five). So the count is pinned, or the features, and every model and report after them, would
+# depend on the machine's cores; 2 made the committed features (a 2-core machine's default).
+MEL_BLAS_THREADS = 2
+
+
+@cache
+def _blas() -> ThreadpoolController:
+    return ThreadpoolController()
 
 
 @lru_cache(maxsize=8)
@@ -53,7 +68,8 @@ def log_mel(samples: np.ndarray, sr: int = 16000, n_mels: int = 128, n_fft: int 
         x, shape=(n_frames, n_fft), strides=(x.strides[0] * hop_length, x.strides[0]), writeable=False)
     spec = np.fft.rfft(frames * _window(n_fft), axis=1)
     power = (spec.real**2 + spec.imag**2).astype(np.float32)
-    mel = _mel_filters(sr, n_fft, n_mels) @ power.T
+    with _blas().limit(limits=MEL_BLAS_THREADS, user_api="blas"):
+        mel = _mel_filters(sr, n_fft, n_mels) @ power.T
     logmel = np.log10(np.maximum(mel, 1e-10))
     logmel = np.maximum(logmel, logmel.max() - 8.0)
     return ((logmel + 4.0) / 4.0).astype(np.float32)
