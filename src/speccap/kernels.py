@@ -1,4 +1,5 @@
-"""Numerical kernels pinned, so that a stage writes the same bytes on every x86-64 machine.
+"""Numerical kernels pinned, so that a stage writes the same bytes on every x86-64 machine, and
+OpenBLAS's thread count on every machine (THREAD_PINS below).
 
 Which kernel a numerical library runs is chosen per CPU unless the environment says otherwise, and
 kernels sum in different orders. Measured here: OpenBLAS's SkylakeX kernel (what it picks on an
@@ -31,11 +32,22 @@ PINS = {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR
         "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR", "NUMBA_CPU_NAME": "haswell",
         "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
+# OpenBLAS splits a product among its threads, one per core unless told, and the split moves the sums'
+# last bits: the log-mel's filterbank product at 1, 3, 4 or 8 threads against 2 (every clip), the
+# logistic gates' fits at 1 against 2. So its thread count is pinned too, on every machine: 2, what
+# the committed outputs were made with (a 2-core machine's default). Neither a machine's cores nor the
+# OMP_NUM_THREADS / OPENBLAS_NUM_THREADS a cluster sets then changes a stage's bytes.
+BLAS_THREADS = 2
+THREAD_PINS = {"OPENBLAS_NUM_THREADS": str(BLAS_THREADS)}
+
 
 def pin_kernels() -> dict[str, str]:
-    """Set PINS in this process's environment (its worker processes inherit it) on x86-64, unless numpy
-    or torch is loaded already; return what was set."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or "numpy" in sys.modules or "torch" in sys.modules:
+    """Set THREAD_PINS, and PINS on x86-64, in this process's environment (its worker processes inherit
+    it), unless numpy or torch is loaded already; return what was set."""
+    if "numpy" in sys.modules or "torch" in sys.modules:
         return {}
-    os.environ.update(PINS)
-    return dict(PINS)
+    pins = dict(THREAD_PINS)
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        pins.update(PINS)
+    os.environ.update(pins)
+    return pins

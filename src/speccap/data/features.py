@@ -11,7 +11,6 @@ from __future__ import annotations
 from functools import cache, lru_cache
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
 from ..numba_cache import ensure_warm
 
@@ -28,18 +27,6 @@ def _librosa():
     ensure_warm()
     import librosa
     return librosa
-
-
-# OpenBLAS splits the mel filterbank's product among its threads, and the split changes the sums'
-# last bits (1 thread against 2: every clip's float32 log-mel, a stored float16 value in one clip in
-# five). So the count is pinned, or the features, and every model and report after them, would
-# depend on the machine's cores; 2 made the committed features (a 2-core machine's default).
-MEL_BLAS_THREADS = 2
-
-
-@cache
-def _blas() -> ThreadpoolController:
-    return ThreadpoolController()
 
 
 @lru_cache(maxsize=8)
@@ -68,8 +55,7 @@ def log_mel(samples: np.ndarray, sr: int = 16000, n_mels: int = 128, n_fft: int 
         x, shape=(n_frames, n_fft), strides=(x.strides[0] * hop_length, x.strides[0]), writeable=False)
     spec = np.fft.rfft(frames * _window(n_fft), axis=1)
     power = (spec.real**2 + spec.imag**2).astype(np.float32)
-    with _blas().limit(limits=MEL_BLAS_THREADS, user_api="blas"):
-        mel = _mel_filters(sr, n_fft, n_mels) @ power.T
+    mel = _mel_filters(sr, n_fft, n_mels) @ power.T
     logmel = np.log10(np.maximum(mel, 1e-10))
     logmel = np.maximum(logmel, logmel.max() - 8.0)
     return ((logmel + 4.0) / 4.0).astype(np.float32)
