@@ -129,7 +129,8 @@ def train_gates(params: Params, train: pd.DataFrame, val: pd.DataFrame, out_dir:
     jobs = [(name, x_train, labels, dim, eos, params.seed, weights) for name in learned_names(params)]
     # LightGBM and the MLP fit on one thread each, the same bits in any process: the LightGBM gates
     # are fitted in a worker while this process fits the MLPs; the logistic ones come last, when their
-    # BLAS threads have the cores to themselves (their sums depend on how many threads there are)
+    # BLAS threads have the cores to themselves (their sums depend on how many threads there are, which
+    # every stage pins: speccap.kernels)
     kinds = {job[0]: job[0].split("-")[1] for job in jobs}
     aside = [job for job in jobs if kinds[job[0]] == "lightgbm"]
     beside = 1 if usable_cores() > 1 and len(train) >= ASIDE_ROWS else 0
