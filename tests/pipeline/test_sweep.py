@@ -333,13 +333,3 @@ def test_batch_invariant_rows_must_hold_the_batch():
 def test_a_batch_needs_a_cost_model():
     with pytest.raises(Exception, match="sweep.batch.*decode.cost"):
         params_from_dict({"sweep": {"batch": 8}})
-
-
-@pytest.mark.parametrize("n,size,n_workers", [(332, 32, 2), (64, 32, 2), (65, 32, 2), (50, 32, 1), (3, 32, 2),
-                                            (1, 8, 4), (100, 1, 2)])
-def test_jobs_go_in_chunks_as_even_as_the_workers_rounds_allow(n, size, n_workers):
-    chunks = list(workers.chunked(range(n), size, n_workers))
-    assert [j for c in chunks for j in c] == list(range(n))  # every job once, in order
-    assert max(map(len, chunks)) <= size and max(map(len, chunks)) - min(map(len, chunks)) <= 1
-    rounds = -(-n // (size * n_workers))
-    assert len(chunks) == min(rounds * n_workers, n)  # no worker left a round short

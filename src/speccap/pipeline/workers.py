@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import islice
 
 from ..batching.lockstep import Lockstep, decode_all
 from ..batching.row_pool import batchable
@@ -172,21 +173,10 @@ def run_chunk(fn: Callable, batch: int, chunk: list) -> list:
     return [r | gpu if gpu and isinstance(r, dict) and "caption" in r else r for r in results]
 
 
-def chunked(jobs: Iterable, size: int, workers: int = 1) -> Iterator[list]:
-    """`jobs` in chunks of at most `size`, as even as the rounds of `workers` chunks at a time allow, so
-    that no worker waits out another's last chunk: 332 clips at 32 on 2 workers go as 12 chunks of 27
-    or 28 (6 a worker), not as 10 of 32 and one of 12 (6 chunks against 5)."""
-    jobs = list(jobs)
-    if not jobs:
-        return
-    per_round = max(workers, 1)
-    count = min(math.ceil(len(jobs) / (size * per_round)) * per_round, len(jobs))
-    small, bigger = divmod(len(jobs), count)  # the first `bigger` chunks hold one job more
-    start = 0
-    for i in range(count):
-        end = start + small + (i < bigger)
-        yield jobs[start:end]
-        start = end
+def chunked(jobs: Iterable, size: int) -> Iterator[list]:
+    it = iter(jobs)
+    while chunk := list(islice(it, size)):
+        yield chunk
 
 
 def chunk_name(chunk: list) -> str:
@@ -264,7 +254,7 @@ class Pool:
     def imap(self, jobs):
         if not self.lockstep:
             return self.pool.imap_unordered(jobs, key=job_name)
-        done = self.pool.imap_unordered(chunked(jobs, self.batch, self.workers), key=chunk_name)
+        done = self.pool.imap_unordered(chunked(jobs, self.batch), key=chunk_name)
         return (out for outs in done for out in outs)
 
     def close(self):
