@@ -1,11 +1,12 @@
 import random
 
 import pytest
+from nltk.corpus import wordnet as nltk_wordnet
 from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu, sentence_bleu
 from nltk.translate.meteor_score import meteor_score
 from rouge_score import rouge_scorer
 
-from speccap.metrics.caption import caption_language, score_captions, sentence_bleu1, tokenize
+from speccap.metrics.caption import caption_language, score_captions, sentence_bleu1, tokenize, wordnet
 
 HYP_EN = ["In the audio, the speaker's tone is raised with rapid pacing. Therefore, the speaker exhibits anger.",
           "In the audio, a soft voice and slow pacing. Therefore, the speaker exhibits sadness."]
@@ -66,7 +67,7 @@ def test_a_caption_scored_again_gets_the_same_numbers_and_its_own_copy():
     (["no match here"], [["entirely other words"]], "en"),  # no unigram matches: 0
     (["a b c"], [["a b c d e f"]], "en"),  # no 4-gram in the hypothesis: an order with nothing to match
 ])
-def test_corpus_bleu_is_nltks_to_the_last_bit(hyps, refs, lang):
+def test_corpus_bleu_is_nltk_wordnet_to_the_last_bit(hyps, refs, lang):
     """Corpus BLEU from each caption's kept n-gram statistics equals nltk's `corpus_bleu` exactly."""
     s = score_captions(hyps, refs, lang)
     h_tok = [tokenize(h, lang) for h in hyps]
@@ -161,3 +162,9 @@ def test_sentence_bleu_and_rouge_l_are_the_libraries_to_the_last_bit_and_type(la
     # no word in common: nltk's integer 0, and rouge-score's 0.0
     none = score_captions(["calm"], [["loud anger"]], "en").per_caption[0]
     assert repr((none["bleu1"], none["rouge_l"])) == "(0, 0.0)"
+
+
+def test_meteor_reads_wordnet_without_the_multilingual_map_and_finds_nltk_wordnet_own_synsets():
+    words = tokenize(" ".join(h for refs in REFS_EN for h in refs), "en") + ["glad", "furious", "unhappy"]
+    assert all(wordnet.synsets(w) == nltk_wordnet.synsets(w) for w in words)
+    assert wordnet.map30 is None and nltk_wordnet.map30  # the map nltk builds for OMW data, left unbuilt here

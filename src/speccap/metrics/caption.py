@@ -28,7 +28,8 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 
-from nltk.corpus import wordnet
+from nltk.corpus.reader import CorpusReader, WordNetCorpusReader
+from nltk.corpus.util import LazyCorpusLoader
 from nltk.stem.porter import PorterStemmer
 from nltk.translate.bleu_score import brevity_penalty, closest_ref_length
 from nltk.translate.meteor_score import meteor_score
@@ -61,6 +62,20 @@ def caption_language(text: str) -> str | None:
 
 
 _PORTER = PorterStemmer()
+
+
+class _EnglishWordNet(WordNetCorpusReader):
+    """nltk's WordNet reader without the map it builds as it loads, from WordNet 3.0's synsets to the
+    loaded version's, for its multilingual (OMW) data: METEOR reads English synsets alone, and the
+    map took half of the load (1.6 of 3.1 s in each process that scores captions)."""
+
+    def map_wn(self, version: str = "wordnet") -> None:
+        return None
+
+
+# as nltk.corpus.wordnet is declared, but for the reader
+wordnet = LazyCorpusLoader("wordnet", _EnglishWordNet,
+                           LazyCorpusLoader("omw-2.0", CorpusReader, r".*/wn-data-.*\.tab", encoding="utf8"))
 
 
 @functools.cache
