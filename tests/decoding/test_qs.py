@@ -33,6 +33,25 @@ def test_lattice_counts_sum_to_the_level_and_round_to_nearest():
             if up.any() and (~up).any():
                 assert rem[up].min() >= rem[~up].max() - 1e-12
     assert lattice_counts(np.array([0.5, 0.5]), 1).tolist() == [1, 0]  # a tie goes to the lower id
+    assert lattice_counts(np.array([0.1, 0.3, 0.3, 0.3]), 2).tolist() == [0, 1, 1, 0]
+
+
+def _counts_by_sort(q: np.ndarray, level: int) -> np.ndarray:
+    """Largest-remainder rounding as its definition reads: a stable sort of the remainders."""
+    x = level * q / q.sum()
+    b = np.floor(x).astype(np.int64)
+    b[np.argsort(-(x - b), kind="stable")[: level - b.sum()]] += 1
+    return b
+
+
+@pytest.mark.parametrize("vocab", [7, 5000, 151_646])
+def test_lattice_counts_are_the_sorted_definitions_to_the_unit_ties_included(vocab):
+    rng = np.random.default_rng(vocab)
+    laws = [torch.softmax(torch.from_numpy(rng.normal(size=vocab) * s), -1).numpy() for s in (0.5, 4, 12)]
+    laws += [np.full(vocab, 1 / vocab), np.repeat(rng.dirichlet(np.ones(max(vocab // 7, 1))), 7)[:vocab]]
+    for q in laws:
+        for level in (1, 2, 16, 64):
+            assert (lattice_counts(q, level) == _counts_by_sort(q, level)).all()
     with pytest.raises(ValueError, match="level"):
         lattice_counts(np.array([1.0]), 0)
     with pytest.raises(ValueError, match="non-negative"):

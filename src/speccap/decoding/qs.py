@@ -45,9 +45,14 @@ def lattice_counts(q, level: int) -> np.ndarray:
     x = level * x / x.sum()
     b = np.floor(x).astype(np.int64)
     missing = level - int(b.sum())
-    if missing > 0:  # stable: ties go to the lower token id, so edge and tests agree
-        order = np.argsort(-(x - b), kind="stable")
-        b[order[:missing]] += 1
+    if missing > 0:  # the `missing` largest remainders get a unit; ties go to the lower token id
+        # (what a stable sort of the remainders gives, found in linear time: over Qwen's 151k-token
+        # vocabulary the sort took 23 ms per drafted token)
+        rem = x - b
+        kth = np.partition(rem, rem.size - missing)[rem.size - missing]
+        above = np.flatnonzero(rem > kth)
+        b[above] += 1
+        b[np.flatnonzero(rem == kth)[: missing - above.size]] += 1
     return b
 
 
