@@ -29,7 +29,8 @@ from cost_model import _calibration_clips
 
 from speccap.config import load_params
 from speccap.decoding.cost import calibrate
-from speccap.pipeline.sweep import build_configs, default_config, eval_clips
+from speccap.pipeline.splits import eval_clips
+from speccap.pipeline.sweep import build_configs, default_config
 from speccap.project import portable_command
 
 SAMPLED = ("spec_sampling", "qs", "sq")

@@ -32,7 +32,8 @@ from tqdm import tqdm
 from speccap.config import load_params
 from speccap.data.featurize import load_clip_features
 from speccap.decoding.cost import calibrate
-from speccap.pipeline.sweep import build_configs, eval_clips
+from speccap.pipeline.splits import eval_clips
+from speccap.pipeline.sweep import build_configs
 from speccap.pipeline.workers import Pool, stepped
 from speccap.project import portable_command
 

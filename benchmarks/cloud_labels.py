@@ -46,7 +46,8 @@ from speccap.decoding.wisv.training import head_dataset  # noqa: E402
 from speccap.metrics.bootstrap import difference, gap_closed, interval  # noqa: E402
 from speccap.pipeline.gates import main_gate, roc_auc  # noqa: E402
 from speccap.pipeline.saved import head_path  # noqa: E402
-from speccap.pipeline.sweep import RunConfig, eval_clips, run_config, ugsd_config  # noqa: E402
+from speccap.pipeline.splits import eval_clips  # noqa: E402
+from speccap.pipeline.sweep import RunConfig, run_config, ugsd_config  # noqa: E402
 from speccap.pipeline.verify_rank import default_rank, rule_fields  # noqa: E402
 from speccap.pipeline.wisv_head import judged, shadow_traces  # noqa: E402
 from speccap.pipeline.workers import Pool  # noqa: E402

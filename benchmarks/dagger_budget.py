@@ -47,7 +47,8 @@ from gate_common import (  # noqa: E402
 from speccap.config import load_params  # noqa: E402
 from speccap.pipeline.dagger import dagger_rounds  # noqa: E402
 from speccap.pipeline.gates import train_gates  # noqa: E402
-from speccap.pipeline.sweep import eval_clips, run_config  # noqa: E402
+from speccap.pipeline.splits import eval_clips  # noqa: E402
+from speccap.pipeline.sweep import run_config  # noqa: E402
 from speccap.pipeline.traces import TRACE_DIR  # noqa: E402
 from speccap.pipeline.verify_rank import default_rank, rank_config, stamp_gates  # noqa: E402
 from speccap.pipeline.workers import Pool  # noqa: E402

@@ -71,7 +71,8 @@ from speccap.pipeline import workers  # noqa: E402
 from speccap.pipeline.ceiling import CeilingSettings, objective, settings_for  # noqa: E402
 from speccap.pipeline.gates import end_token  # noqa: E402
 from speccap.pipeline.saved import gate_path  # noqa: E402
-from speccap.pipeline.sweep import RunConfig, eval_clips, run_config  # noqa: E402
+from speccap.pipeline.splits import eval_clips  # noqa: E402
+from speccap.pipeline.sweep import RunConfig, run_config  # noqa: E402
 from speccap.pipeline.traces import features_of, trace_clips  # noqa: E402
 from speccap.pipeline.verify_rank import default_rank, rank_config  # noqa: E402
 

@@ -45,7 +45,7 @@ from speccap.gating.features import TOKEN_SCALARS  # noqa: E402
 from speccap.gating.token_gates import LearnedTokenGate, fit_token_gate, impact_weights, threshold_for_share  # noqa: E402
 from speccap.pipeline.gates import end_token  # noqa: E402
 from speccap.pipeline.saved import load_gate  # noqa: E402
-from speccap.pipeline.sweep import eval_clips  # noqa: E402
+from speccap.pipeline.splits import eval_clips  # noqa: E402
 from speccap.pipeline.traces import features_of  # noqa: E402
 from speccap.pipeline.verify_rank import default_rank  # noqa: E402
 

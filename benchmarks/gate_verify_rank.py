@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gate_common import ci_cells, clip_stats, gate_eval_run, paired_columns, read_records, references, rho, start, write_report  # noqa: E402
 
-from speccap.pipeline.sweep import eval_clips, run_config  # noqa: E402
+from speccap.pipeline.splits import eval_clips  # noqa: E402
+from speccap.pipeline.sweep import run_config  # noqa: E402
 from speccap.pipeline.verify_rank import rank_config  # noqa: E402
 from speccap.pipeline.workers import Pool  # noqa: E402
 

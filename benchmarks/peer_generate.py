@@ -33,7 +33,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from speccap.config import load_params
 from speccap.data.featurize import load_clip_features
 from speccap.models.language_mask import BLOCKED_LOGIT
-from speccap.pipeline.sweep import build_configs, eval_clips
+from speccap.pipeline.splits import eval_clips
+from speccap.pipeline.sweep import build_configs
 from speccap.pipeline.workers import Pool
 from speccap.project import portable_command
 

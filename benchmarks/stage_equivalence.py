@@ -31,7 +31,8 @@ pin_kernels()
 from speccap.config import load_params  # noqa: E402
 from speccap.pipeline.gate_report import gate_configs  # noqa: E402
 from speccap.pipeline.markdown import md_table  # noqa: E402
-from speccap.pipeline.sweep import build_configs, eval_clips, run_config  # noqa: E402
+from speccap.pipeline.splits import eval_clips  # noqa: E402
+from speccap.pipeline.sweep import build_configs, run_config  # noqa: E402
 from speccap.pipeline.wisv import wisv_configs  # noqa: E402
 from speccap.pipeline.workers import Pool  # noqa: E402
 

@@ -10,8 +10,8 @@ from .data.manifest import ManifestError
 from .data.mer2024 import Mer2024Error, mer2024_root, read_caption_table
 from .data.trace_pool import PARAM as POOL_PARAM
 from .data.trace_pool import TracePoolError
-from .models.loading import ModelLoadError, checkpoint_missing
-from .pipeline.trace_refs import SPLITS, split_records
+from .models.checkpoint_paths import ModelLoadError, checkpoint_missing
+from .pipeline.splits import SPLITS, split_records
 
 # the stages that load the edge and cloud models
 MODEL_STAGES = ("decode", "trace_refs", "traces", "gates", "gate_eval", "promote", "wisv_head", "wisv_eval")

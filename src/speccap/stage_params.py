@@ -16,7 +16,7 @@ from .config import ConfigError, Params
 
 _GATE_DECODE = ("decode.temperature", "decode.rule", "decode.rank", "decode.in_flight", "decode.draft_ahead",
                 "decode.edge_time_scale", "decode.cloud_time_scale", "decode.cost")
-# whether the gates learn from folds of the test clips (pipeline.folds.active), how many, and the test
+# whether the gates learn from folds of the test clips (pipeline.splits.active), how many, and the test
 # clips (sweep.clips) the folds are dealt from, which the gates and the WISV head are evaluated on too
 _CROSS_FIT = ("data.source", "data.trace_pool.path", "data.cross_fit", "sweep.clips")
 # what the models a stage decodes with are loaded from and as (a trained model's other settings

@@ -9,7 +9,7 @@ import pytest
 
 from speccap.config import load_params
 from speccap.data.manifest import manifest_path, read_manifest, write_jsonl
-from speccap.pipeline.folds import folds_of, val_fold
+from speccap.pipeline.splits import folds_of, val_fold
 from speccap.pipeline.trace_refs import build_trace_refs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server")]

@@ -5,7 +5,7 @@ import pytest
 from speccap.pipeline import workers
 from speccap.pipeline.ceiling import CeilingSettings, ceiling_one, ceiling_rows, objective, search
 from speccap.pipeline.gate_names import CEILING
-from speccap.pipeline.sweep import eval_clips
+from speccap.pipeline.splits import eval_clips
 
 REFS = ["the speaker sounds calm and steady", "a calm steady voice, she sounds neutral"]
 

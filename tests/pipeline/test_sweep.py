@@ -6,11 +6,11 @@ import pytest
 from speccap.batching.step_graphs import MAX_TOKENS
 from speccap.config import load_params, params_from_dict
 from speccap.pipeline import workers
+from speccap.pipeline.splits import eval_clips
 from speccap.pipeline.sweep import (
     RunConfig,
     build_configs,
     config_key,
-    eval_clips,
     run_config,
     summarize,
     ugsd_config,

@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from speccap.pipeline.sweep import RunConfig, eval_clips, ugsd_config
+from speccap.pipeline.splits import eval_clips
+from speccap.pipeline.sweep import RunConfig, ugsd_config
 from speccap.pipeline.sweep_run import SweepHooks, run_sweep
 from speccap.tracking import Tracker
 

@@ -16,6 +16,7 @@ import torch
 
 from ..config import ModelParams, Params
 from ..data.uplink import Uplink
+from .checkpoint_paths import ModelLoadError, checkpoint_missing
 from .configs import model_class
 from .learned_uplink import UPLINK_FILE, LearnedUplink
 from .thinker import PromptTemplate, ThinkerLM
@@ -37,10 +38,6 @@ SYSTEM_PROMPT = "You are a helpful assistant."
 SENT_DIR = "uplink"  # in the edge model's folder: the learned encoder the edge sends through
 
 
-class ModelLoadError(FileNotFoundError):
-    pass
-
-
 def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -54,20 +51,6 @@ def qwen_chat_template(tokenizer, prompts: dict[str, str] = PAPER_PROMPTS) -> Pr
     suffix = {lang: tokenizer.encode(f"{text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
               for lang, text in prompts.items()}
     return PromptTemplate(prefix={lang: prefix for lang in prompts}, suffix=suffix)
-
-
-def checkpoint_missing(role: str, spec: ModelParams) -> str | None:
-    """Why a real role's checkpoint cannot be there (None: it may be; embedded roles are the train
-    stage's)."""
-    if spec.backend == "embedded":
-        return None
-    param, path = f"models.{role}.path", spec.path
-    if not path:
-        return f"{param}: not set (backend {spec.backend} needs a local checkpoint path)"
-    looks_local = path.startswith(("/", ".", "~")) or os.sep in path.strip("/").split("/", 1)[-1] or Path(path).exists()
-    if looks_local and not Path(path).expanduser().exists():
-        return f"{param}: checkpoint folder {path} not found"
-    return None
 
 
 def load_real(role: str, spec: ModelParams, device: str | None = None) -> ThinkerLM:

@@ -1,4 +1,4 @@
-"""Cross-fitted gates (params data.cross_fit; which clip is in which fold: pipeline.folds).
+"""Cross-fitted gates (params data.cross_fit; which clip is in which fold: pipeline.splits).
 
 The `gates` stage trains, beside the shipped gates, one set per fold f: every gate of
 params.gates fitted on the first traces of the folds other than f and f + 1, thresholded on fold
@@ -22,11 +22,11 @@ import pandas as pd
 
 from ..config import Params
 from ..data.manifest import read_jsonl
-from .folds import referenced_clips, val_fold
 from .gate_names import untuned_name
 from .gate_report import gate_configs
 from .gates import train_gates
 from .saved import gate_dir
+from .splits import referenced_clips, val_fold
 from .sweep import RunConfig, summarize
 from .verify_rank import stamp_gates
 

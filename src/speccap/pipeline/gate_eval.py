@@ -12,14 +12,13 @@ import json
 from pathlib import Path
 
 from ..config import Params
-from . import folds
+from . import splits
 from .ceiling import log_name, run_ceiling
 from .crossfit import crossfit_configs, fold_clips, pool_folds
 from .decode import REFERENCES
-from .folds import referenced_clips
 from .gate_report import OUT, build_gate_report, decode_references, gate_clips, gate_configs
 from .gates import read_gates_json
-from .sweep import eval_clips
+from .splits import eval_clips, referenced_clips
 from .sweep_run import SweepHooks, run_sweep
 from .verify_rank import default_rank
 
@@ -31,7 +30,7 @@ def run_gate_eval(params: Params, params_path: str | None, hooks: SweepHooks | N
     ceiling rows, write reports/gates/ and return the report's summary."""
     gates_json = read_gates_json(params)
     n = params.gates.eval_clips
-    crossfit = folds.active(params)
+    crossfit = splits.active(params)
     if crossfit:  # each clip decoded by the gates of its own fold, which never saw it
         configs, tags = crossfit_configs(params, gates_json)
         clips = {lang: referenced_clips(params, lang)[: n or None] for lang in params.data.languages}

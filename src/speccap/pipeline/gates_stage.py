@@ -25,7 +25,7 @@ from tqdm import tqdm
 from ..config import Params
 from ..gating.features import TOKEN_SCALARS, token_columns
 from ..tracking import Tracker
-from . import folds
+from . import splits
 from .crossfit import train_fold_gates
 from .dagger import dagger_rounds, total_clips
 from .gates import learned_names, train_gates
@@ -54,7 +54,7 @@ def run_gates(params: Params, params_path: str | None) -> dict:
     with tqdm(total=total_captions(params), desc="verify rank (validation)", unit="caption") as bar:
         result["verify_rank"] = choose_verify_rank(params, params_path, result, progress=bar.update)
     stamp_gates(params, result["verify_rank"]["chosen"])
-    if folds.active(params):  # beside the shipped gates, each fold's: trained without it (gate_eval tests them)
+    if splits.active(params):  # beside the shipped gates, each fold's: trained without it (gate_eval tests them)
         with tqdm(total=params.data.cross_fit.folds, desc="cross-fitted gates", unit="fold") as bar:
             result["cross_fit"] = train_fold_gates(params, train, val, result["verify_rank"]["chosen"], bar.update)
     out = gate_dir(params)

@@ -16,7 +16,7 @@ from ..gating.token_gates import LearnedTokenGate, TokenGateModel
 
 def gate_dir(params: Params, fold: int | None = None) -> Path:
     """Where the gates are saved: the shipped ones, or under cross-fitting those that evaluate
-    `fold` (pipeline.folds)."""
+    `fold` (pipeline.splits)."""
     root = Path(params.models.dir) / "gates"
     return root if fold is None else root / "folds" / str(fold)
 

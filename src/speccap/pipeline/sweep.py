@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import LinkConfig, Params
-from ..data.manifest import append_jsonl, manifest_path, read_jsonl, read_manifest
+from ..data.manifest import append_jsonl, read_jsonl
 from ..decoding.build import DecodeSpec
 from ..decoding.link import Link
 from ..decoding.relink import relink
@@ -28,6 +28,7 @@ from ..metrics.bootstrap import ClipStats, with_intervals
 from ..metrics.caption import score_captions
 from ..metrics.system import GPU_FIELDS
 from .saved import head_path
+from .splits import eval_clips
 
 METHODS = ("edge", "cloud", "ugsd")
 
@@ -160,11 +161,6 @@ def models_fingerprint(params: Params) -> str:
     tok = Path(params.models.dir) / "tokenizer" / "tokenizer.json"
     h.update(tok.read_bytes() if tok.exists() else b"")
     return h.hexdigest()[:12]
-
-
-def eval_clips(params: Params, language: str) -> list[dict]:
-    recs = read_manifest(manifest_path(params.data.processed_dir, "test", language))
-    return recs[: params.sweep.clips] if params.sweep.clips else recs
 
 
 def is_headline(cfg: RunConfig, params: Params) -> bool:

@@ -19,11 +19,11 @@ from tqdm import tqdm
 
 from ..config import Params
 from ..data.emotions import detect_emotion
-from ..data.manifest import ManifestError, manifest_path, read_jsonl, read_manifest, write_jsonl
+from ..data.manifest import ManifestError, read_jsonl, write_jsonl
 from ..tracking import Tracker
-from . import folds, sweep, workers
+from . import splits, sweep, workers
+from .splits import SPLITS, split_records
 
-SPLITS = ("train", "val")
 REPORT = Path("reports/trace_refs.json")
 
 
@@ -37,28 +37,6 @@ def refs_path(params: Params, split: str, language: str) -> Path:
 
 def needs_cloud(params: Params, rec: dict) -> bool:
     return params.data.trace_references == "cloud" or not rec["references"]
-
-
-def missing_split_error(params: Params, split: str, language: str) -> ManifestError:
-    path = manifest_path(params.data.processed_dir, split, language)
-    if params.data.source == "mer2024":
-        return ManifestError(
-            f"data.cross_fit.when: never, data.trace_pool.path: not set, and MER2024's referenced clips are all "
-            f"test clips: the gates and the WISV head need {split} clips to learn from. Point data.trace_pool.path "
-            f"at a folder of speech (unlabeled is fine: the cloud's caption is its reference), or let them learn "
-            f"from folds of the referenced clips (data.cross_fit.when: auto) ({path} does not exist)")
-    return ManifestError(f"{path}: no {split} clips in {language} (run the prepare stage: dvc repro prepare)")
-
-
-def split_records(params: Params, split: str, language: str) -> list[dict]:
-    """A train or validation split's clips as prepared: the manifest's, or under cross-fitting the
-    shipped gates' folds of the referenced clips (pipeline.folds)."""
-    if folds.active(params):
-        return folds.shipped_split(params, split, language)
-    path = manifest_path(params.data.processed_dir, split, language)
-    if not path.exists():
-        raise missing_split_error(params, split, language)
-    return read_manifest(path)
 
 
 def captions_dir(params: Params) -> Path:
@@ -88,7 +66,7 @@ def build_trace_refs(params: Params, pool: workers.Pool | None, progress=None) -
         if old != keep:
             shutil.rmtree(old)
     report = {"trace_references": params.data.trace_references, "models": keep.name,
-              "cross_fit_folds": params.data.cross_fit.folds if folds.active(params) else None, "splits": {}}
+              "cross_fit_folds": params.data.cross_fit.folds if splits.active(params) else None, "splits": {}}
     for split in SPLITS:
         for lang in params.data.languages:
             recs, todo = _cloud_todo(params, split, lang)

@@ -11,10 +11,10 @@ import numpy as np
 
 from ..config import Params
 from ..metrics.bootstrap import ClipStats, Mix, interval, mean_relative_change, pooled_mean
-from . import folds
-from .folds import SHIPPED_VAL_FOLD
+from . import splits
 from .markdown import md_table
 from .quality_table import format_ci
+from .splits import SHIPPED_VAL_FOLD
 from .sweep import RunConfig, ugsd_config
 
 OUT = Path("reports/wisv")
@@ -254,7 +254,7 @@ def _markdown(params: Params, r: dict) -> str:
         "# WISV: CSI-aware acceptance vs greedy and rank-R verification\n\n"
         f"Every block verified (gate `always`), test clips ({params.wisv.eval_clips or 'all'} per language"
         + (f"; cross-fitting: only fold {SHIPPED_VAL_FOLD} of {params.data.cross_fit.folds}, the clips the head did not "
-           "learn from" if folds.active(params) else "") + "), "
+           "learn from" if splits.active(params) else "") + "), "
         f"upload protocol `{params.wisv.protocol}`, tau {params.wisv.tau:g}, WISV's rank cap "
         f"{params.wisv.max_rank or 'none'} (`wisv.max_rank`: a mismatch outside the cloud's top R is repaired "
         "whatever the head says; reports/wisv_rank_cap.md), rank-R with R in "

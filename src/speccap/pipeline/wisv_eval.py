@@ -10,10 +10,9 @@ import shutil
 from pathlib import Path
 
 from ..config import Params
-from . import folds
-from .folds import SHIPPED_VAL_FOLD, referenced_clips
+from . import splits
 from .saved import head_path
-from .sweep import eval_clips
+from .splits import SHIPPED_VAL_FOLD, eval_clips, referenced_clips
 from .sweep_run import SweepHooks, run_sweep
 from .wisv import OUT, build_wisv_report, wisv_configs
 
@@ -29,7 +28,7 @@ def run_wisv_eval(params: Params, params_path: str | None, hooks: SweepHooks | N
                                 "dvc repro wisv_head)")
     head = json.loads(report_file.read_text())
     n = params.wisv.eval_clips
-    if folds.active(params):  # the head learned from every fold but the shipped validation fold: test on that one
+    if splits.active(params):  # the head learned from every fold but the shipped validation fold: test on that one
         clips = {lang: [c for c in referenced_clips(params, lang) if c["fold"] == SHIPPED_VAL_FOLD][: n or None]
                  for lang in params.data.languages}
     else:

@@ -1,5 +1,9 @@
-"""Which referenced clip belongs to which fold when the gates learn from the test clips themselves
-(cross-fitting, params data.cross_fit).
+"""Which clips each split holds: the test clips the sweeps decode, the train and validation clips the
+gates and the WISV head learn from, and, when those learn from the test clips themselves
+(cross-fitting, params data.cross_fit), which referenced clip belongs to which fold.
+
+Light on purpose: every stage's preflight (speccap.preflight) reads the splits before its flow
+starts, so nothing here loads torch or the models.
 
 MER2024's referenced clips are all test clips. Without a trace pool the gates and the WISV head
 can only learn from them, so they are dealt into k folds: the gates that evaluate fold f are
@@ -17,11 +21,17 @@ from __future__ import annotations
 import hashlib
 
 from ..config import Params
-from ..data.manifest import ManifestError, manifest_path
-from .sweep import eval_clips
+from ..data.manifest import ManifestError, manifest_path, read_manifest
 
 PARAM = "data.cross_fit"
 SHIPPED_VAL_FOLD = 0  # the shipped gates' validation fold
+SPLITS = ("train", "val")  # the splits the gates and the WISV head learn from
+
+
+def eval_clips(params: Params, language: str) -> list[dict]:
+    """The test clips of a language the sweeps decode: the first `sweep.clips` (0: all)."""
+    recs = read_manifest(manifest_path(params.data.processed_dir, "test", language))
+    return recs[: params.sweep.clips] if params.sweep.clips else recs
 
 
 def active(params: Params) -> bool:
@@ -63,3 +73,25 @@ def shipped_split(params: Params, split: str, language: str) -> list[dict]:
     if split == "val":
         return [r for r in recs if r["fold"] == SHIPPED_VAL_FOLD]
     return [r for r in recs if r["fold"] != SHIPPED_VAL_FOLD]
+
+
+def missing_split_error(params: Params, split: str, language: str) -> ManifestError:
+    path = manifest_path(params.data.processed_dir, split, language)
+    if params.data.source == "mer2024":
+        return ManifestError(
+            f"data.cross_fit.when: never, data.trace_pool.path: not set, and MER2024's referenced clips are all "
+            f"test clips: the gates and the WISV head need {split} clips to learn from. Point data.trace_pool.path "
+            f"at a folder of speech (unlabeled is fine: the cloud's caption is its reference), or let them learn "
+            f"from folds of the referenced clips (data.cross_fit.when: auto) ({path} does not exist)")
+    return ManifestError(f"{path}: no {split} clips in {language} (run the prepare stage: dvc repro prepare)")
+
+
+def split_records(params: Params, split: str, language: str) -> list[dict]:
+    """A train or validation split's clips as prepared: the manifest's, or under cross-fitting the
+    shipped gates' folds of the referenced clips."""
+    if active(params):
+        return shipped_split(params, split, language)
+    path = manifest_path(params.data.processed_dir, split, language)
+    if not path.exists():
+        raise missing_split_error(params, split, language)
+    return read_manifest(path)

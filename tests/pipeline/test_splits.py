@@ -4,7 +4,7 @@ import pytest
 
 from speccap.config import ConfigError, params_from_dict
 from speccap.data.manifest import ManifestError, manifest_path, write_jsonl
-from speccap.pipeline.folds import active, folds_of, referenced_clips, shipped_split, val_fold
+from speccap.pipeline.splits import active, folds_of, referenced_clips, shipped_split, val_fold
 
 QWEN = {"backend": "qwen2_5_omni", "path": "/models/x"}
 
