@@ -1,5 +1,6 @@
 """featurize under stress: a killed worker stops the stage with a clear error and keeps what was
-written; two stages compiling librosa's numba code at once from a cold cache do not break it."""
+written; two stages compiling librosa's numba code at once from a cold cache do not break it. And
+the log-mels a worker keeps for its jobs."""
 
 import json
 import os
@@ -8,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
+from speccap.data.featurize import KeptMels, write_npz
 from speccap.data.manifest import manifest_path, read_manifest, write_jsonl
 
 from ..conftest import run_and_kill_a_worker
@@ -71,3 +74,20 @@ def test_two_featurize_runs_at_once_from_a_cold_numba_cache(tiny_project, tmp_pa
                             "print(prosody(np.ones(16000, np.float32) * np.sin(np.arange(16000) / 9))['duration'])"],
                            env=env, capture_output=True, text=True)
     assert check.returncode == 0 and float(check.stdout) == 1.0, check.stderr
+
+
+def test_kept_mels_read_each_clip_once_and_drop_the_least_recent_past_the_budget(tmp_path):
+    feats = tmp_path / "features"
+    feats.mkdir()
+    for k in range(3):
+        write_npz(feats / f"c{k}.npz", mel=np.full((4, 10), k, np.float16), prosody=np.zeros(14, np.float32))
+    kept = KeptMels(tmp_path, max_bytes=2 * 4 * 10 * 4)  # room for two clips' float32 log-mels
+    a = kept.get("c0")
+    assert a.dtype == np.float32 and (a == 0).all() and kept.get("c0") is a
+    kept.get("c1")
+    kept.get("c0")  # c0 the most recent: c1 goes when c2 comes
+    kept.get("c2")
+    assert kept.get("c0") is a and kept.nbytes == 2 * a.nbytes
+    (feats / "c1.npz").unlink()
+    with pytest.raises(FileNotFoundError, match="c1.npz"):
+        kept.get("c1")

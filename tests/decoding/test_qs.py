@@ -11,6 +11,7 @@ from speccap.decoding.qs import (
     SampleQuantize,
     lattice_counts,
     pack_lattice,
+    pack_lattices,
     quantize,
     sparse_bits,
     unpack_block,
@@ -54,8 +55,9 @@ def test_lattice_counts_are_the_sorted_definitions_to_the_unit_ties_included(voc
             assert (lattice_counts(q, level) == _counts_by_sort(q, level)).all()
     with pytest.raises(ValueError, match="level"):
         lattice_counts(np.array([1.0]), 0)
-    with pytest.raises(ValueError, match="non-negative"):
-        lattice_counts(np.array([0.5, -0.1]), 4)
+    for bad in ([0.5, -0.1], [0.5, np.nan], [0.5, np.inf], [[0.5, 0.5]], []):
+        with pytest.raises(ValueError, match="non-negative"):
+            lattice_counts(np.array(bad), 4)
 
 
 def test_sparse_payload_bit_count_and_roundtrip():
@@ -72,6 +74,11 @@ def test_sparse_payload_bit_count_and_roundtrip():
         back, rest = unpack_lattice(data + b"tail", vocab, level)
         assert torch.equal(back, q) and rest == b"tail"
         assert len(data) < vocab * 2 / 10  # far below the dense float16 row
+    block = [quantize(torch.from_numpy(rng.dirichlet(np.full(vocab, a))), 16) for a in (0.01, 0.1, 5.0)]
+    assert pack_lattices(block, 16) == b"".join(pack_lattice(q, 16) for q in block)  # a block: token after token
+    assert pack_lattices([], 16) == b""
+    with pytest.raises(ValueError, match="level-16 lattice"):
+        pack_lattices(block[:1] + [torch.full((vocab,), 1 / vocab, dtype=torch.float64)], 16)
     four = pack_lattice(quantize(torch.tensor([0.5, 0.25, 0.25, 0.0]), 4), 4)
     with pytest.raises(packets.PacketError, match="level-5"):  # counts summing to 4 read at level 5
         unpack_lattice(four, 4, 5)

@@ -1,6 +1,6 @@
 import numpy as np
 
-from speccap.decoding.stats import Block, TokenStats, audio_summary
+from speccap.decoding.stats import Block, ClipAudio, TokenStats, audio_summary
 from speccap.gating.features import AUDIO, FEATURES, block_features
 
 
@@ -38,3 +38,15 @@ def test_audio_summary_sees_loudness_and_its_trend():
     a, b = audio_summary(quiet), audio_summary(rising)
     assert len(a) == len(AUDIO) and b[0] > a[0] and b[2] > 0.1 and abs(a[2]) < 1e-9
     assert audio_summary(np.zeros((128, 0))) == (0.0,) * 6
+
+
+def test_a_blocks_clip_audio_is_the_summary_read_when_first_needed():
+    mel = np.random.default_rng(0).normal(size=(128, 60))
+    lazy = ClipAudio(mel)
+    mel[:, :30] = 5.0  # not read yet: it sums up the log-mel as it is when a gate first reads it
+    first = audio_summary(mel)
+    assert tuple(lazy) == first and len(lazy) == len(AUDIO)
+    mel[:] = 0.0  # read once, kept
+    assert tuple(lazy) == first != audio_summary(mel)
+    block = Block(start=0, tokens=[3], stats=[TokenStats(3, 1.0, 0.5, 0.1, -1.0, 1)], audio=lazy, language="en")
+    assert np.allclose(block_features(block)[0, -len(AUDIO):], first)

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import zipfile
+from collections import OrderedDict
 from functools import partial
 from pathlib import Path
 
@@ -34,6 +35,28 @@ def load_clip_features(processed_dir: str | os.PathLike, clip_id: str) -> tuple[
     """(log-mel float32 (n_mels, frames), prosody float32 in PROSODY_KEYS order) of one clip."""
     with np.load(features_dir(processed_dir) / f"{clip_id}.npz") as z:
         return z["mel"].astype(np.float32), z["prosody"].astype(np.float32)
+
+
+class KeptMels:
+    """Clips' log-mels (`load_clip_features`) kept across a process's jobs, the least recently used
+    dropped past `max_bytes`: a sweep's configurations caption the same clips, so each clip's file
+    is read once, not once per configuration. Shared: every caption of the clip gets the same
+    array, which callers do not change."""
+
+    def __init__(self, processed_dir: str | os.PathLike, max_bytes: int):
+        self.processed_dir, self.max_bytes, self.nbytes = processed_dir, max_bytes, 0
+        self._kept: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    def get(self, clip_id: str) -> np.ndarray:
+        if clip_id in self._kept:
+            self._kept.move_to_end(clip_id)
+            return self._kept[clip_id]
+        mel, _ = load_clip_features(self.processed_dir, clip_id)
+        self._kept[clip_id] = mel
+        self.nbytes += mel.nbytes
+        while self.nbytes > self.max_bytes and self._kept:
+            self.nbytes -= self._kept.popitem(last=False)[1].nbytes
+        return mel
 
 
 def write_npz(path: Path, **arrays: np.ndarray) -> None:

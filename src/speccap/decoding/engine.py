@@ -26,7 +26,7 @@ from .gates import Gate
 from .halves import CloudHalf, EdgeHalf, SpecSettings, last_token
 from .ledger import CaptionRecord, Ledger
 from .link import Link
-from .stats import Block, audio_summary
+from .stats import Block, ClipAudio
 
 # the loops, and the record and settings callers build them with (both live in ledger / halves)
 __all__ = ["CaptionRecord", "SpecSettings", "edge_only", "cloud_only", "speculative", "blocking_loop"]
@@ -104,7 +104,7 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
     rec = books.rec  # read (accept rate so far, the policy's view); written through `books` only
     eos = edge.eos_token_id
     policy, gate, rule = settings.policy, settings.gate, settings.rule
-    audio = audio_summary(features)
+    audio = ClipAudio(features)
     with ResourceMonitor() as mon:
         ed = EdgeHalf(edge, features, language, settings, books)
         cl = make_cloud(books)

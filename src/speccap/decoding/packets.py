@@ -221,7 +221,10 @@ def verify_tail(data: bytes) -> bytes:
 def q_payload(q, dtype: str = "float16") -> bytes:
     """The draft distributions as they travel after a VERIFY: one dense row of V per draft token."""
     dt = DTYPES[dtype_code(dtype)]
-    return b"".join(np.asarray(x.double().numpy() if hasattr(x, "numpy") else x, dtype=dt).tobytes() for x in q)
+    if not len(q):
+        return b""
+    # one cast for the block; a float32 value casts to float16 as its exact float64 copy does
+    return np.stack([x.numpy() if hasattr(x, "numpy") else np.asarray(x) for x in q]).astype(dt).tobytes()
 
 
 def parse_q(data: bytes, n_draft: int, vocab: int, dtype: str = "float16") -> np.ndarray:

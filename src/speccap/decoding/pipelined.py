@@ -52,7 +52,7 @@ from .ledger import CaptionRecord, Ledger
 from .link import Link
 from .policies import LengthPolicy
 from .round import Round
-from .stats import Block, audio_summary
+from .stats import Block, ClipAudio
 from .verify import Verdict
 
 
@@ -88,7 +88,7 @@ class _Loop:
                  link: Link, session_id: int):
         self.s, self.link, self.session_id = s, link, session_id
         self.features, self.language = features, language
-        self.audio = audio_summary(features)
+        self.audio = ClipAudio(features)
         self.books = Ledger("pipelined", s.cost, in_flight=s.in_flight)
         self.rec = self.books.rec  # read (accept rate, drafting times); written through `books` only
         self.eos = edge.eos_token_id

@@ -40,9 +40,10 @@ def lattice_counts(q, level: int) -> np.ndarray:
     if level < 1:
         raise ValueError(f"lattice level must be >= 1, got {level}")
     x = np.asarray(q.double().numpy() if isinstance(q, torch.Tensor) else q, dtype=np.float64)
-    if x.ndim != 1 or not np.isfinite(x).all() or (x < 0).any():
+    total = x.sum() if x.ndim == 1 and x.size else np.nan
+    if not np.isfinite(total) or not x.min() >= 0:  # (a NaN or infinity makes the sum one)
         raise ValueError("quantize needs one finite, non-negative distribution")
-    x = level * x / x.sum()
+    x = level * x / total
     b = np.floor(x).astype(np.int64)
     missing = level - int(b.sum())
     if missing > 0:  # the `missing` largest remainders get a unit; ties go to the lower token id
@@ -72,14 +73,26 @@ def sparse_bits(nnz: int, vocab: int, level: int) -> int:
 
 def pack_lattice(q_hat: torch.Tensor, level: int) -> bytes:
     """One token's q_hat as nnz u16 + bit-packed (id, count) pairs."""
-    counts = np.rint(q_hat.double().numpy() * level).astype(np.int64)
-    if counts.sum() != level or (counts < 0).any():
+    return pack_lattices([q_hat], level)
+
+
+def pack_lattices(q_hats, level: int) -> bytes:
+    """Each token's q_hat packed as `pack_lattice` packs it, one after the other, with one pass over
+    the whole block for the counts and their bits."""
+    if not len(q_hats):
+        return b""
+    counts = np.rint(np.stack([x.double().numpy() for x in q_hats]) * level).astype(np.int64)
+    if (counts.sum(axis=1) != level).any() or (counts < 0).any():
         raise ValueError(f"not a point of the level-{level} lattice")
-    ids = np.flatnonzero(counts)
-    vb, cb = packets.id_bits(len(counts)), count_bits(level)
-    bits = ((ids[:, None] >> np.arange(vb - 1, -1, -1)) & 1).astype(np.uint8)
-    cnt = ((counts[ids][:, None] >> np.arange(cb - 1, -1, -1)) & 1).astype(np.uint8)
-    return struct.pack("<H", len(ids)) + np.packbits(np.concatenate([bits, cnt], axis=1).reshape(-1)).tobytes()
+    token, ids = np.nonzero(counts)  # each token's non-zero ids, ascending, token after token
+    vb, cb = packets.id_bits(counts.shape[1]), count_bits(level)
+    bits = np.concatenate([(ids[:, None] >> np.arange(vb - 1, -1, -1)) & 1,
+                           (counts[token, ids][:, None] >> np.arange(cb - 1, -1, -1)) & 1], axis=1).astype(np.uint8)
+    out, start = [], 0
+    for nnz in np.bincount(token, minlength=len(counts)).tolist():
+        out.append(struct.pack("<H", nnz) + np.packbits(bits[start:start + nnz].reshape(-1)).tobytes())
+        start += nnz
+    return b"".join(out)
 
 
 def unpack_block(data: bytes, n_draft: int, vocab: int) -> tuple[int, list[torch.Tensor]]:
@@ -132,18 +145,18 @@ class QuantizeSample(SpecSampling):
 
     def edge_distribution(self, p: torch.Tensor) -> torch.Tensor:
         """What the edge sends (and, for Q-S, samples from): p quantized at the current level."""
-        q = quantize(p, self.level)
+        counts = lattice_counts(p, self.level)
         n = self.nnz.setdefault(self.level, [0, 0])  # for the adaptive policy's payload estimate
-        n[0] += int((q > 0).sum())
+        n[0] += int(np.count_nonzero(counts))
         n[1] += 1
-        return q
+        return torch.from_numpy(counts / self.level)  # quantize(p, level)
 
     def mean_nnz(self, level: int, vocab: int) -> float:
         s, n = self.nnz.get(level, (0, 0))
         return s / n if n else float(min(level, vocab))
 
     def q_payload(self, q: list[torch.Tensor]) -> bytes:
-        return struct.pack("<H", self.level) + b"".join(pack_lattice(x, self.level) for x in q)
+        return struct.pack("<H", self.level) + pack_lattices(q, self.level)
 
     def describe(self) -> dict:
         return {"rule": self.name, "temperature": self.temperature, "level": self.level}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +42,7 @@ class Block:
     # context a learned gate reads: the share of escalated draft tokens the cloud accepted so far in
     # this caption (None before the first verdict), a summary of the clip's audio, the language
     accept_rate: float | None = None
-    audio: tuple[float, ...] = ()
+    audio: Sequence[float] = ()  # audio_summary's numbers (a caption's loop passes a ClipAudio)
     language: str = ""
 
     def __len__(self) -> int:
@@ -117,8 +118,9 @@ class SampledRow:
 
     def stats(self, token: int) -> tuple[TokenStats, torch.Tensor]:
         """`token_stats` of `token` drawn from this row: the same numbers, and its distribution."""
-        lp = float(self.logp[token])
-        return TokenStats(token, self.entropy, self.top1, self.margin, lp, int((self.logp > lp).sum()) + 1), self.p
+        logp = self.logp.numpy()  # (sampled_rows keeps its rows on the CPU)
+        lp = float(logp[token])
+        return TokenStats(token, self.entropy, self.top1, self.margin, lp, int(np.count_nonzero(logp > lp)) + 1), self.p
 
 
 def sampled_rows(logits: torch.Tensor, temperature: float, entropy_temperature: float | None = None) -> list[SampledRow]:
@@ -134,6 +136,8 @@ def sampled_rows(logits: torch.Tensor, temperature: float, entropy_temperature: 
     entropy = _entropy(logp, p) if entropy_temperature is None else \
         _entropy(torch.log_softmax(logits.double() / entropy_temperature, dim=-1))
     numbers = torch.stack([entropy, top2[:, 0], top2[:, 0] - top2[:, 1]], -1).tolist()
+    # on the CPU, where a loop draws from them (one copy for all rows, from a GPU)
+    draw, logp, p = draw.cpu(), logp.cpu(), p.cpu()
     return [SampledRow(draw[i], logp[i], p[i], *numbers[i]) for i in range(len(numbers))]
 
 
@@ -147,7 +151,6 @@ def audio_summary(mel) -> tuple[float, ...]:
     """A few numbers about the clip from its log-mel (what the edge has anyway): loudness level and
     spread, its trend over the clip, spectral balance (centroid in mel bins, normalized) and its
     spread, and the share of frames well above the clip's quiet floor (a voicing proxy)."""
-    import numpy as np
     m = np.asarray(mel, dtype=np.float64)
     if m.ndim != 2 or m.shape[1] == 0:
         return (0.0,) * 6
@@ -159,6 +162,27 @@ def audio_summary(mel) -> tuple[float, ...]:
     floor = np.percentile(energy, 10)
     return (float(energy.mean()), float(energy.std()), slope, float(centroid.mean()), float(centroid.std()),
             float((energy > floor + 0.5 * (energy.max() - floor)).mean()))
+
+
+class ClipAudio(Sequence):
+    """audio_summary(mel), computed when first read: every block of a caption carries it, but only
+    a learned gate's features and the traces read it, so the other decoders never pay for it."""
+
+    __slots__ = ("_mel", "_values")
+
+    def __init__(self, mel):
+        self._mel, self._values = mel, None
+
+    def _read(self) -> tuple[float, ...]:
+        if self._values is None:
+            self._values, self._mel = audio_summary(self._mel), None
+        return self._values
+
+    def __getitem__(self, i):
+        return self._read()[i]
+
+    def __len__(self) -> int:
+        return len(self._read())
 
 
 # What the cloud's verify forward says about a draft token, for free: its log-probability under the

@@ -9,6 +9,7 @@ rejected position, or, when the whole block is accepted, a bonus token from the 
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -150,20 +151,24 @@ class SpecSampling(Rule):
     def verify(self, draft, rows, q, eos, rng) -> Verdict:
         if q is None or len(q) != len(draft):
             raise ValueError("spec_sampling needs the draft distribution of every drafted token")
-        ranks = []
+        # the block's laws and ranks in one tensor operation each (a row gets the numbers it gets
+        # alone); each token's test then reads plain floats
+        laws = self._p(rows[: len(draft) + 1])
+        p_draft = laws[list(range(len(draft))), draft].tolist()
+        all_ranks = cloud_ranks(rows, draft)
         for i, tok in enumerate(draft):
-            p = self._p(rows[i])
-            ranks.append(cloud_rank(rows[i], tok))
-            qi = q[i].double()
-            if rng.random() >= min(1.0, float(p[tok] / qi[tok])):
+            q_tok = float(q[i][tok])  # 0 only where a float16 q underflowed: then accepted, p / 0 being inf
+            if rng.random() >= min(1.0, p_draft[i] / q_tok if q_tok else math.inf):
+                ranks = all_ranks[: i + 1]
+                p, qi = laws[i], q[i].double()
                 residual = torch.clamp(p - qi, min=0)
                 total = float(residual.sum())
                 # p == q up to rounding: the residual is empty, and p itself is the right law
                 law = residual / total if total > 1e-12 else p
                 return Verdict(i, draw(law, rng), True, ranks)
         if draft and draft[-1] == eos:
-            return Verdict(len(draft), None, False, ranks)
-        return Verdict(len(draft), draw(self._p(rows[len(draft)]), rng), False, ranks)
+            return Verdict(len(draft), None, False, all_ranks)
+        return Verdict(len(draft), draw(laws[len(draft)], rng), False, all_ranks)
 
     def describe(self) -> dict:
         return {"rule": self.name, "temperature": self.temperature}

@@ -25,7 +25,6 @@ from tqdm import tqdm
 
 from ..config import Params
 from ..data.emotions import detect_emotion
-from ..data.featurize import load_clip_features
 from ..data.manifest import append_jsonl, read_jsonl
 from ..gating.ceiling import PlanWalker, Trajectory, allocate, greedy_curve
 from ..metrics.bootstrap import ClipStats, gap_closed, interval
@@ -61,7 +60,7 @@ def ceiling_one(w: workers.Worker, job: tuple) -> dict:
     clip_id, _, language, references, emotion, key, settings = job
     s = CeilingSettings(**settings)
     try:
-        mel, _ = load_clip_features(w.params.data.processed_dir, clip_id)
+        mel = w.mel(clip_id)
         score = objective(s, references, emotion, language)
         walker = PlanWalker(w.edge, w.cloud, mel, language, s.rank, s.max_new_tokens)
         curve = greedy_curve(walker, lambda t: score(_caption(w, t)), s.steps)

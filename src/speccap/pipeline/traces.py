@@ -64,11 +64,10 @@ def shadow_one(w: workers.Worker, job: tuple) -> dict:
 def _shadow_record(w: workers.Worker, job: tuple, settings, committed_of) -> dict:
     """A shadow trace's record in a worker, along `committed_of(mel, language)` (None: the edge's own
     caption); errors come back as a record, for the stage to decide what a failed clip means."""
-    from ..data.featurize import load_clip_features
     from ..gating.shadow import shadow_caption
     clip_id, split, language, references, key, _, emotion = job
     try:
-        mel, _ = load_clip_features(w.params.data.processed_dir, clip_id)
+        mel = w.mel(clip_id)
         x, labels, caption = shadow_caption(w.edge, w.cloud, mel, language, references,
                                             emotion, settings, committed=committed_of(mel, language))
         return {"id": clip_id, "key": key, "split": split, "language": language, "caption": caption,
@@ -132,11 +131,10 @@ def features_of(df: pd.DataFrame) -> np.ndarray:
 
 def trace_one(w: workers.Worker, job: tuple) -> dict:
     """Trace one clip with `w`'s models under the job's TraceSettings; errors come back as a record."""
-    from ..data.featurize import load_clip_features
     from ..gating.traces import trace_caption
     clip_id, split, language, references, key, settings, _ = job
     try:
-        mel, _ = load_clip_features(w.params.data.processed_dir, clip_id)
+        mel = w.mel(clip_id)
         rows, caption = trace_caption(w.edge, w.cloud, mel, language, references, settings)
         return {"id": clip_id, "key": key, "split": split, "language": language, "caption": caption, "rows": rows}
     except Exception as exc:  # noqa: BLE001 - the stage decides what a failed clip means

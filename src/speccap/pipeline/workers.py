@@ -17,11 +17,13 @@ from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
 
+import numpy as np
+
 from ..batching.lockstep import Lockstep, decode_all
 from ..batching.row_pool import batchable
 from ..batching.step_graphs import Invariant
 from ..config import Params, load_params
-from ..data.featurize import load_clip_features
+from ..data.featurize import KeptMels
 from ..decoding.build import build_decoder
 from ..decoding.cost import CostModel
 from ..decoding.engine import cloud_only, edge_only, speculative
@@ -33,6 +35,9 @@ from ..models.thinker import AudioCache, PromptCache, ThinkerLM
 from .saved import cached_head, load_gate
 from .sweep import RunConfig, link_config, models_fingerprint, relinkable
 
+# MiB of clips' log-mels a worker keeps (KeptMels): every test clip of the embedded corpus, a few
+# hundred of MER2024's
+KEPT_MELS_MB = 128
 # what this process loaded (the initializer's or ensure_models' Worker, with its key and count)
 # and the batching executors made over it; set when loading, never swapped for a job
 _PROCESS: dict = {}
@@ -40,14 +45,20 @@ _PROCESS: dict = {}
 
 @dataclass(frozen=True)
 class Worker:
-    """What a worker process loaded once: the params, both models, and a cache of the learned
-    deciders its decoders load (gates, the WISV head); `scoring` wraps a gate's model as it is
-    loaded (the batching executor's: Lockstep.scorer)."""
+    """What a worker process loaded once: the params, both models, a cache of the learned
+    deciders its decoders load (gates, the WISV head) and the clips' log-mels its jobs read
+    (`mel`); `scoring` wraps a gate's model as it is loaded (the batching executor's:
+    Lockstep.scorer)."""
     params: Params
     edge: object
     cloud: object
     cache: dict
+    mels: KeptMels
     scoring: Callable | None = None
+
+    def mel(self, clip_id: str) -> np.ndarray:
+        """The clip's log-mel (float32 (n_mels, frames); shared, see KeptMels)."""
+        return self.mels.get(clip_id)
 
 
 def worker() -> Worker:
@@ -99,7 +110,8 @@ def _init_worker(params_path: str | None, threads: int) -> None:
     edge, cloud = load_role(params, "edge"), load_role(params, "cloud")
     shared_vocab(edge, cloud)
     keep_prompts(params, (edge, cloud))
-    _PROCESS.update(worker=Worker(params, edge, cloud, {}), stepped={})
+    _PROCESS.update(worker=Worker(params, edge, cloud, {}, KeptMels(params.data.processed_dir, KEPT_MELS_MB * 2**20)),
+                    stepped={})
 
 
 def keep_prompts(params: Params, models) -> None:
@@ -124,7 +136,7 @@ def caption_one(w: Worker, job: tuple[RunConfig, str]) -> dict:
     cfg, clip_id = job
     params = w.params
     try:
-        mel, _ = load_clip_features(params.data.processed_dir, clip_id)
+        mel = w.mel(clip_id)
         max_new = params.models.max_new_tokens
         link = Link(link_config(params, cfg), seed=params.seed)
         if cfg.method == "edge":
