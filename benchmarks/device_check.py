@@ -7,7 +7,8 @@ download) with Qwen's real vocabulary, one command, one report.
 
 For `--clips` clips of real audio lengths (random log-mel, 4 to 20 s, languages alternating):
 the default UGSD loop (params.yaml's decode settings, measured clock), cloud-only and edge-only, in
-that order, each one caption at a time (the single executor, on the first `--single-clips`: at real
+that order (and on request, `--loops`, the sampling decoders: speculative sampling, Q-S and a
+sampled edge-only, at sweep.qs_temperature), each one caption at a time (the single executor, on the first `--single-clips`: at real
 sizes it is the slow part) and twice `--batch` at a time (the batching
 executor, speccap.batching.lockstep): with the eager batched step, and with the step at fixed shapes
 replayed from captured CUDA graphs (speccap.batching.step_graphs; on a CPU the fixed shapes run
@@ -97,17 +98,29 @@ def audio_clips(n: int, seed: int) -> list[tuple[np.ndarray, str]]:
              ("en", "zh")[i % 2]) for i in range(n)]
 
 
-# --loops' names for the loops' report names
-LOOPS = {"ugsd": "UGSD (default)", "cloud-only": "cloud-only", "edge-only": "edge-only"}
+# --loops' names for the loops' report names; the default check runs the first three, the sampling
+# decoders (at the sweep's sampling temperature, sweep.qs_temperature) on request
+LOOPS = {"ugsd": "UGSD (default)", "cloud-only": "cloud-only", "edge-only": "edge-only",
+         "spec-sampling": "speculative sampling", "qs": "Q-S", "edge-sampled": "edge-only, sampled"}
+DEFAULT_LOOPS = ["ugsd", "cloud-only", "edge-only"]
 
 
 def loops(params, max_new: int, only: list[str]) -> dict:
     spec = DecodeSpec.from_params(params, cost=None, max_new_tokens=max_new)
+    t = params.sweep.qs_temperature
+    sampling = {rule: DecodeSpec.from_params(params, cost=None, max_new_tokens=max_new, rule=rule, temperature=t)
+                for rule in ("spec_sampling", "qs")}
+
+    def spec_loop(s: DecodeSpec):
+        return lambda e, c, job: speculative(e, c, job[0], job[1], build_decoder(s), Link(params.link))
     # the loop the targets name first: when the time budget runs out, the baselines are what is skipped
     every = {
-        "UGSD (default)": lambda e, c, job: speculative(e, c, job[0], job[1], build_decoder(spec), Link(params.link)),
+        "UGSD (default)": spec_loop(spec),
         "cloud-only": lambda e, c, job: cloud_only(c, job[0], job[1], Link(LinkConfig()), max_new),
         "edge-only": lambda e, c, job: edge_only(e, job[0], job[1], max_new),
+        "speculative sampling": spec_loop(sampling["spec_sampling"]),
+        "Q-S": spec_loop(sampling["qs"]),
+        "edge-only, sampled": lambda e, c, job: edge_only(e, job[0], job[1], max_new, temperature=t),
     }
     return {name: fn for name, fn in every.items() if name in {LOOPS[k] for k in only}}
 
@@ -149,7 +162,7 @@ def top2_gap(lms, mel, lang: str, prefix: list[int]) -> float:
 
 
 def invariance(name: str, single: list, batched: list, jobs, edge, cloud) -> dict:
-    lms = {"edge-only": (edge,), "cloud-only": (cloud,)}.get(name, (edge, cloud))
+    lms = {"edge-only": (edge,), "edge-only, sampled": (edge,), "cloud-only": (cloud,)}.get(name, (edge, cloud))
     gaps = []
     for a, b, (mel, lang) in zip(single, batched, jobs):
         if a.token_ids != b.token_ids:
@@ -206,7 +219,8 @@ def run(args) -> dict:
             try:
                 result["loops"][name] = measure_loop(name, fn, edge, cloud, jobs, args, device, invariant, keep)
                 result["partial"].pop(name)
-            except (RuntimeError, ValueError, AssertionError) as exc:  # a path never run on this device: the rest still reports
+            except (RuntimeError, ValueError, TypeError, AssertionError) as exc:  # a path never run on this device:
+                # the rest still reports
                 result["failed"][name] = "".join(traceback.format_exception_only(exc)).strip()
                 traceback.print_exc()
             result["total_s"] = time.perf_counter() - start
@@ -329,8 +343,8 @@ def main() -> int:
                          "the batch-invariance comparisons come from those (one at a time is the slow part)")
     ap.add_argument("--invariant-clips", type=int, default=4,
                     help="clips decoded one at a time under the batch-invariant setting, against its batched captions")
-    ap.add_argument("--loops", nargs="+", choices=list(LOOPS), default=list(LOOPS),
-                    help="the loops to run (default: all three, UGSD first)")
+    ap.add_argument("--loops", nargs="+", choices=list(LOOPS), default=DEFAULT_LOOPS,
+                    help=f"the loops to run (default: {', '.join(DEFAULT_LOOPS)}, UGSD first)")
     ap.add_argument("--budget-s", type=float, default=360.0,
                     help="start no section after this many seconds")
     ap.add_argument("--params", default="params.yaml", help="where the UGSD loop's decode settings come from")

@@ -120,20 +120,20 @@ class EdgeHalf:
         elif isinstance(known, SampledRow):  # drawn as `pick` draws
             tok = draw(known.draw, self.rng)
             stats, q = known.stats(tok)
-            q = q.float() if needs_q else None
+            q = q.float() if needs_q else None  # (a SampledRow's law is on the CPU already)
         elif known is not None and not needs_q:  # (the prefill's logits are not summarized: done here)
             stats = known
             tok, q = stats.token, None
         else:
             tok = self.pick()
             stats, q = token_stats(self.logits, tok, self.s.temperature, self.entropy_temperature)
-            q = q.float()  # what would travel; the rule sees the same values
+            q = q.float().cpu()  # what would travel; the rule sees the same values
         block.tokens.append(tok)
         block.stats.append(stats)
         if needs_q:
             block.q.append(q)
-        if self.keep_context:  # float16 values, as the traces keep them
-            block.context.append(self.state.half().float())
+        if self.keep_context:  # float16 values, as the traces keep them (on the CPU, as they travel)
+            block.context.append(self.state.half().float().cpu())
         if feed:
             self.feed_drafted(block)
         return tok
@@ -142,8 +142,8 @@ class EdgeHalf:
         """Feed the block's last drafted token back to the cache (an end token is never fed)."""
         tok = block.tokens[-1]
         h = self.feed(tok, self.keep_hidden) if tok != self.lm.eos_token_id else None
-        if self.keep_hidden:  # as it travels: float16
-            block.hidden.append(None if h is None else h.half().float())
+        if self.keep_hidden:  # as it travels: float16, on the CPU
+            block.hidden.append(None if h is None else h.half().float().cpu())
 
     def align(self, committed: list[int], then: list[int] = ()) -> None:
         """After a verdict: make the cache hold `committed` followed by `then` (the cloud's token).

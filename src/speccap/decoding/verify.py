@@ -160,7 +160,7 @@ class SpecSampling(Rule):
             q_tok = float(q[i][tok])  # 0 only where a float16 q underflowed: then accepted, p / 0 being inf
             if rng.random() >= min(1.0, p_draft[i] / q_tok if q_tok else math.inf):
                 ranks = all_ranks[: i + 1]
-                p, qi = laws[i], q[i].double()
+                p, qi = laws[i].cpu(), q[i].double().cpu()  # (a GPU's law: drawn on the CPU)
                 residual = torch.clamp(p - qi, min=0)
                 total = float(residual.sum())
                 # p == q up to rounding: the residual is empty, and p itself is the right law

@@ -75,7 +75,7 @@ def edge_trajectory(edge: AudioLM, mel: np.ndarray, language: str, max_new_token
             entropies.append(tempered_entropies(logits, temperatures))
         block.tokens.append(tok)
         block.stats.append(stats)
-        block.context.append(state[0].half().float())
+        block.context.append(state[0].half().float().cpu())  # as EdgeHalf keeps it
 
     def feed(tok):
         out = sess.extend([tok], True)
@@ -109,7 +109,7 @@ def trajectory_block(edge: AudioLM, mel: np.ndarray, language: str, committed: l
             entropies.append(tempered_entropies(rows[j], temperatures))
         block.tokens.append(tok)
         block.stats.append(stats)
-        block.context.append(states[j].half().float())
+        block.context.append(states[j].half().float().cpu())
     return block
 
 

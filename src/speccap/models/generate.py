@@ -39,7 +39,7 @@ def draw(law: np.ndarray | torch.Tensor, rng: np.random.Generator) -> int:
     """A token drawn from `law` (weights >= 0, normalised here) with `rng`: the token
     `rng.choice(len(law), p=law / law.sum())` draws, from the same uniform number, without its checks
     of p, which took half the time of a sampled token's draw (a softmax or a lattice is a law)."""
-    law = law.numpy() if isinstance(law, torch.Tensor) else law
+    law = law.cpu().numpy() if isinstance(law, torch.Tensor) else law  # (a GPU's softmax: drawn here)
     cdf = np.cumsum(law / law.sum(), dtype=np.float64)
     cdf /= cdf[-1]
     return int(cdf.searchsorted(rng.random(), side="right"))
