@@ -238,9 +238,10 @@ def _by_family(r: dict) -> list[str]:
         lines.append(f"| {kind} | {s:.1f} | " + " | ".join(cells) + " |")
     return lines + ["", "Each executor runs edge-only and cloud-only first, so they also pay for encoding every "
                         "clip's audio once per model (kept for the later configurations, `sweep.audio_cache_mb`), and "
-                        "their few seconds move most with the machine's noise. A sampling rule's edge draws each token "
-                        "from its own law, quantises it (Q-S) and packs it for the wire, one token at a time in each "
-                        "caption's loop: work a shared forward does not take over."]
+                        "their few seconds move most with the machine's noise. A sampling rule's laws, their cumulative "
+                        "distributions and Q-S's lattice points come with the step, but its edge still draws each "
+                        "token with the caption's own generator and packs it for the wire, and the cloud judges it, "
+                        "one token at a time in each caption's loop: work a shared forward does not take over."]
 
 
 def plot(r: dict, path: Path) -> None:

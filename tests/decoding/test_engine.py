@@ -1,3 +1,5 @@
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -6,10 +8,14 @@ from speccap.config import LinkConfig
 from speccap.decoding import packets
 from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, speculative
 from speccap.decoding.gates import make_gate
+from speccap.decoding.halves import EdgeHalf
+from speccap.decoding.ledger import Ledger
 from speccap.decoding.link import Link
 from speccap.decoding.policies import Fixed, UGSDAdaptive
+from speccap.decoding.qs import lattice_counts
 from speccap.decoding.rules import make_rule
-from speccap.decoding.stats import token_stats
+from speccap.decoding.stats import Block, token_stats
+from speccap.models.generate import draw
 
 MAX = 24
 
@@ -112,3 +118,22 @@ def test_spec_sampling_runs_end_to_end(pair, audio):
     assert 0 < len(rec.token_ids) <= MAX
     # the draft distributions travel: much more uplink than ids alone
     assert rec.bytes_up > rec.transmitted * edge.vocab_size * 2
+
+
+def test_a_qs_edge_drafts_at_the_level_its_rule_has_when_it_draws(pair, audio):
+    """A Q-S edge's rows are quantised at the level of the extension that made them; when an
+    adaptive policy moves the level before the next draft, the token is drawn from the lattice at
+    the new level (the row again, alone), not from the one its extension computed."""
+    edge, _ = pair
+    s = _spec("always", rule="qs", temperature=1.0)
+    half = EdgeHalf(edge, audio[1], "en", s, Ledger("ugsd"))
+    block = Block(start=0)
+    for level in (4, 4, 32, 2):
+        s.rule.level = level
+        logits = half.logits.clone()
+        rng = copy.deepcopy(half.rng)
+        tok = half.draft(block, needs_q=True)
+        want = lattice_counts(torch.softmax(logits.double(), -1), level)
+        assert torch.equal(block.q[-1], torch.from_numpy(want / level))
+        assert tok == draw(want / level, rng)
+    assert s.rule.nnz[4][1] == 2 and s.rule.nnz[32][1] == 1 and s.rule.nnz[2][1] == 1

@@ -6,8 +6,9 @@ import torch
 
 from speccap.decoding.gates import make_gate
 from speccap.decoding.policies import Fixed, UGSDAdaptive
+from speccap.decoding.qs import Lattice, lattice_counts
 from speccap.decoding.stats import Block, greedy_stats, sampled_rows, token_stats
-from speccap.models.generate import pick
+from speccap.models.generate import draw, draw_from, pick
 
 
 def _block(dists: list[list[float]], tokens: list[int]) -> Block:
@@ -61,6 +62,21 @@ def test_sampled_rows_are_what_pick_and_token_stats_give_each_row_alone(entropy_
             want, q = token_stats(row, tok, t, entropy_temperature)
             stats, p = made.stats(tok)
             assert stats == want and torch.equal(p, q)
+            assert draw_from(made.cdf, np.random.default_rng(i)) == tok and made.counts is None
+
+
+def test_sampled_rows_at_a_lattice_carry_each_rows_lattice_point_and_what_it_draws():
+    """A Q-S edge's rows: each row's counts are its law's lattice point alone, and its CDF draws
+    the token `draw` draws from that point (S-Q: from the law itself)."""
+    torch.manual_seed(5)
+    rows = torch.randn(5, 300) * 3
+    for quantized in (True, False):
+        lattice = Lattice(8, quantized)
+        for i, made in enumerate(sampled_rows(rows, 0.8, None, lattice)):
+            counts = lattice_counts(made.draw, 8)
+            assert made.lattice == lattice and (made.counts == counts).all()
+            law = counts / 8 if quantized else made.draw
+            assert draw_from(made.cdf, np.random.default_rng(i)) == draw(law, np.random.default_rng(i))
 
 
 def test_gates_read_the_most_uncertain_token():

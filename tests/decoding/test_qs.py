@@ -7,9 +7,11 @@ from scipy.stats import chisquare
 
 from speccap.decoding import packets
 from speccap.decoding.qs import (
+    Lattice,
     QuantizeSample,
     SampleQuantize,
     lattice_counts,
+    lattice_rows,
     pack_lattice,
     pack_lattices,
     quantize,
@@ -58,6 +60,26 @@ def test_lattice_counts_are_the_sorted_definitions_to_the_unit_ties_included(voc
     for bad in ([0.5, -0.1], [0.5, np.nan], [0.5, np.inf], [[0.5, 0.5]], []):
         with pytest.raises(ValueError, match="non-negative"):
             lattice_counts(np.array(bad), 4)
+
+
+def test_a_steps_lattice_rows_are_each_rows_counts_alone():
+    """A Q-S edge's step quantises every row at once: each row gets `lattice_counts` of it alone,
+    rows that need no unit, rows of ties and rows needing more units than others included; the law
+    its token is drawn from is the lattice point (Q-S) or the row itself (S-Q)."""
+    rng = np.random.default_rng(8)
+    laws = rng.dirichlet(np.full(40, 0.3), size=6)
+    laws[1] = 1 / 40  # every remainder tied
+    laws[2] = np.eye(40)[5]  # a point: no unit missing
+    laws[3, :20] = 0
+    laws[3] /= laws[3].sum()
+    for level in (1, 3, 16, 64):
+        rows = lattice_rows(laws, level)
+        assert all((rows[i] == lattice_counts(law, level)).all() for i, law in enumerate(laws))
+        counts, drawn = Lattice(level, True)(laws)
+        assert (counts == rows).all() and np.array_equal(drawn, rows / level)
+        assert Lattice(level, False)(laws)[1] is laws
+    with pytest.raises(ValueError, match="non-negative"):
+        lattice_rows(np.array([[0.5, 0.5], [0.5, np.nan]]), 4)
 
 
 def test_sparse_payload_bit_count_and_roundtrip():

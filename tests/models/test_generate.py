@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from speccap.models.generate import autoregress, draw
+from speccap.models.generate import autoregress, cdfs, draw, draw_from
 
 
 def _model(script: list[int], vocab: int = 8):
@@ -54,3 +54,17 @@ def test_draw_takes_the_token_numpys_choice_takes_from_the_same_generator(dtype)
         for _ in range(40):
             assert draw(torch.from_numpy(law) if seed % 2 else law, ours) == \
                 int(numpys.choice(len(law), p=law / law.sum()))
+
+
+def test_cdfs_of_a_steps_rows_draw_each_rows_token_to_the_bit():
+    """What a sampling edge's step computes for every row at once draws the token `draw` draws from
+    that row alone, from the same generator (the CDFs are the same to the bit)."""
+    make = np.random.default_rng(3)
+    laws = make.dirichlet(np.full(300, 0.1), size=9) * make.choice([1.0, 7.0], size=(9, 1))
+    laws[2, :290] = 0  # mostly a lattice's zeros
+    rows = cdfs(laws)
+    for i, law in enumerate(laws):
+        alone = np.cumsum(law / law.sum(), dtype=np.float64)
+        assert np.array_equal(rows[i], alone / alone[-1])
+        ours, theirs = np.random.default_rng(i), np.random.default_rng(i)
+        assert [draw_from(rows[i], ours) for _ in range(30)] == [draw(law, theirs) for _ in range(30)]

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..models.base import AudioLM
-from ..models.generate import draw, pick
+from ..models.generate import draw_from, pick
 from . import packets
 from .cloud import CloudSession
 from .cost import Work
@@ -80,11 +80,10 @@ class EdgeHalf:
         # greedy drafting reads the statistics of the greedy token after each extension: asked of the
         # extension itself (a batching executor computes them for all its drafting loops at once)
         self.entropy_temperature = s.gate.entropy_temperature  # a tuned entropy gate's
-        # a sampling edge reads the law it draws from and the statistics that do not depend on the
-        # token drawn, asked of the extension the same way
+        # a sampling edge reads the law it draws from (a Q-S edge its lattice point too) and the
+        # statistics that do not depend on the token drawn, asked of the extension the same way
         greedy = s.temperature <= 0 and s.rule.edge_distribution is None
-        self.summarize = (greedy_summary(self.entropy_temperature) if greedy else
-                          sampled_summary(s.temperature, self.entropy_temperature) if s.temperature > 0 else None)
+        self.greedy_summary = greedy_summary(self.entropy_temperature) if greedy else None
         self.summary: TokenStats | SampledRow | None = None  # `summarize` of `self.logits`, when known
         self.cached = 0  # caption tokens in the edge's KV cache
         self.state = self.sess.prefill_hidden  # the state after what the cache holds (with keep_context)
@@ -97,8 +96,17 @@ class EdgeHalf:
         """Append a token to the cache; with `hidden`, return its last-layer hidden state."""
         return self._extend([tok], hidden)
 
+    def summarize(self):
+        """What the edge asks an extension to summarize of its last logits: the greedy token's
+        statistics, or a sampling edge's rows at the rule's current lattice (Q-S: an adaptive policy
+        moves the level between blocks)."""
+        if self.s.temperature <= 0:
+            return self.greedy_summary
+        lattice = self.s.rule.lattice() if self.s.rule.edge_distribution is not None else None
+        return sampled_summary(self.s.temperature, self.entropy_temperature, lattice)
+
     def _extend(self, ids: list[int], hidden: bool = False) -> torch.Tensor | None:
-        out = self.books.forward("edge", self.sess.extend, ids, hidden or self.keep_context, self.summarize,
+        out = self.books.forward("edge", self.sess.extend, ids, hidden or self.keep_context, self.summarize(),
                                  scale=self.s.edge_time_scale, work=Work("edge", len(ids), self.sess.length))
         self.logits, self.summary = out.logits[-1], out.summary
         self.cached += len(ids)
@@ -110,15 +118,17 @@ class EdgeHalf:
         """Draft one token into `block`; fed back to the cache unless it ends the caption, or unless
         `feed` is False (the caller feeds it with `feed_drafted`, or leaves it to `align`)."""
         rule = self.s.rule
-        known = None if self.summarize is None else self.summary or self.summarize(self.logits[None])[0]
+        summarize = self.summarize()
+        known = None if summarize is None else self.summary or summarize(self.logits[None])[0]
         if rule.edge_distribution is not None:  # Q-S / S-Q: the quantized distribution travels
-            if not isinstance(known, SampledRow):
-                known = sampled_rows(self.logits[None], self.s.temperature, self.entropy_temperature)[0]
-            q = rule.edge_distribution(known.draw)
-            tok = draw(q if rule.sample_quantized else known.draw, self.rng)
+            lattice = rule.lattice()
+            if not isinstance(known, SampledRow) or known.lattice != lattice:  # (the level moved since)
+                known = sampled_rows(self.logits[None], self.s.temperature, self.entropy_temperature, lattice)[0]
+            q = rule.take(known.counts)
+            tok = draw_from(known.cdf, self.rng)
             stats, _ = known.stats(tok)
         elif isinstance(known, SampledRow):  # drawn as `pick` draws
-            tok = draw(known.draw, self.rng)
+            tok = draw_from(known.cdf, self.rng)
             stats, q = known.stats(tok)
             q = q.float() if needs_q else None  # (a SampledRow's law is on the CPU already)
         elif known is not None and not needs_q:  # (the prefill's logits are not summarized: done here)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,23 +38,38 @@ from .verify import SpecSampling
 
 def lattice_counts(q, level: int) -> np.ndarray:
     """Integer counts b >= 0 with sum b = level closest to level * q (largest-remainder rounding)."""
+    x = np.asarray(q.double().numpy() if isinstance(q, torch.Tensor) else q, dtype=np.float64)
+    if x.ndim != 1 or not x.size:
+        raise ValueError("quantize needs one finite, non-negative distribution")
+    return lattice_rows(x[None], level)[0]
+
+
+def lattice_rows(laws: np.ndarray, level: int) -> np.ndarray:
+    """`lattice_counts` of each row of (k, V) float64 `laws`, in one operation for all rows (a Q-S
+    edge's are computed once per step for every drafting loop): each row the counts it gets alone."""
     if level < 1:
         raise ValueError(f"lattice level must be >= 1, got {level}")
-    x = np.asarray(q.double().numpy() if isinstance(q, torch.Tensor) else q, dtype=np.float64)
-    total = x.sum() if x.ndim == 1 and x.size else np.nan
-    if not np.isfinite(total) or not x.min() >= 0:  # (a NaN or infinity makes the sum one)
+    total = laws.sum(axis=1, keepdims=True) if laws.ndim == 2 and laws.size else np.array([[np.nan]])
+    if not np.isfinite(total).all() or not laws.min() >= 0:  # (a NaN or infinity makes the sum one)
         raise ValueError("quantize needs one finite, non-negative distribution")
-    x = level * x / total
+    x = level * laws / total
     b = np.floor(x).astype(np.int64)
-    missing = level - int(b.sum())
-    if missing > 0:  # the `missing` largest remainders get a unit; ties go to the lower token id
-        # (what a stable sort of the remainders gives, found in linear time: over Qwen's 151k-token
-        # vocabulary the sort took 23 ms per drafted token)
+    missing = level - b.sum(axis=1)
+    if missing.max() > 0:  # the `missing` largest remainders get a unit; ties go to the lower token id
+        # (what a stable sort of the remainders gives, without one: over Qwen's 151k-token vocabulary
+        # the sort took 23 ms per drafted token). Each row's k-th largest remainder is among its
+        # `most` largest, k <= `most` <= the level; top-k finds them for all rows at once, where
+        # numpy's partition along the rows is many times slower at that vocabulary.
         rem = x - b
-        kth = np.partition(rem, rem.size - missing)[rem.size - missing]
-        above = np.flatnonzero(rem > kth)
-        b[above] += 1
-        b[np.flatnonzero(rem == kth)[: missing - above.size]] += 1
+        most = int(missing.max())
+        top = torch.topk(torch.from_numpy(rem), most, dim=1).values.numpy()  # descending
+        kth = top[np.arange(len(rem)), np.clip(missing - 1, 0, most - 1)][:, None]
+        above = rem > kth
+        ties = rem == kth
+        wanted = (missing - above.sum(axis=1))[:, None]
+        if (ties.sum(axis=1, keepdims=True) > wanted).any():  # more ties than units left: lowest ids first
+            ties &= np.cumsum(ties, axis=1) <= wanted
+        b += (missing[:, None] > 0) & (above | ties)
     return b
 
 
@@ -130,6 +146,20 @@ def unpack_lattice(data: bytes, vocab: int, level: int) -> tuple[torch.Tensor, b
     return torch.from_numpy(q), data[2 + need:]
 
 
+@dataclass(frozen=True)
+class Lattice:
+    """A Q-S edge's lattice at one level, taken of every drafting row's law in one operation per step
+    (`decoding.stats.sampled_rows`): the rows' counts, and the laws their tokens are drawn from (the
+    lattice points; S-Q: the laws themselves)."""
+
+    level: int
+    sample_quantized: bool
+
+    def __call__(self, laws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        counts = lattice_rows(laws, self.level)
+        return counts, counts / self.level if self.sample_quantized else laws
+
+
 class QuantizeSample(SpecSampling):
     """Q-S(l): speculative sampling against the quantized draft distribution the token was drawn from."""
 
@@ -143,10 +173,18 @@ class QuantizeSample(SpecSampling):
         self.level = int(level)
         self.nnz: dict[int, list[int]] = {}
 
+    def lattice(self) -> Lattice:
+        """What the edge takes of each row's law at the current level, once per step for all rows."""
+        return Lattice(self.level, self.sample_quantized)
+
     def edge_distribution(self, p: torch.Tensor) -> torch.Tensor:
         """What the edge sends (and, for Q-S, samples from): p quantized at the current level."""
-        counts = lattice_counts(p, self.level)
-        n = self.nnz.setdefault(self.level, [0, 0])  # for the adaptive policy's payload estimate
+        return self.take(lattice_counts(p, self.level))
+
+    def take(self, counts: np.ndarray) -> torch.Tensor:
+        """The lattice point of a drafted token's law, from its counts at the current level (what
+        `edge_distribution` gives), its entries counted for the adaptive policy's payload estimate."""
+        n = self.nnz.setdefault(self.level, [0, 0])
         n[0] += int(np.count_nonzero(counts))
         n[1] += 1
         return torch.from_numpy(counts / self.level)  # quantize(p, level)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from ..models.generate import cdfs
 
 
 @dataclass
@@ -115,6 +117,11 @@ class SampledRow:
     entropy: float  # at the entropy temperature when one is given
     top1: float
     margin: float
+    # the cumulative law the token is drawn with (models.generate.draw_from): of `draw`, or, with a
+    # Q-S `lattice`, of the law it says the token is drawn from
+    cdf: np.ndarray
+    lattice: Callable | None = None  # the Q-S lattice these rows were taken at (decoding.qs.Lattice)
+    counts: np.ndarray | None = None  # with `lattice`: `draw`'s lattice point, as integer counts
 
     def stats(self, token: int) -> tuple[TokenStats, torch.Tensor]:
         """`token_stats` of `token` drawn from this row: the same numbers, and its distribution."""
@@ -123,11 +130,13 @@ class SampledRow:
         return TokenStats(token, self.entropy, self.top1, self.margin, lp, int(np.count_nonzero(logp > lp)) + 1), self.p
 
 
-def sampled_rows(logits: torch.Tensor, temperature: float, entropy_temperature: float | None = None) -> list[SampledRow]:
+def sampled_rows(logits: torch.Tensor, temperature: float, entropy_temperature: float | None = None,
+                 lattice: Callable | None = None) -> list[SampledRow]:
     """`SampledRow` of each row of (k, V) logits drawn from at `temperature` (> 0), in one tensor
     operation per quantity for all rows: what a sampling edge asks its extension to summarize, so
     a batch of loops pays once per step. Each row gets the numbers `pick` and `token_stats` give it
-    alone."""
+    alone. `lattice(laws)` (a Q-S edge's, decoding.qs.Lattice) gives the rows' lattice counts and
+    the laws their tokens are drawn from."""
     x = logits.double() / temperature
     draw = torch.softmax(x, dim=-1)
     logp = torch.log_softmax(x, dim=-1)
@@ -138,13 +147,18 @@ def sampled_rows(logits: torch.Tensor, temperature: float, entropy_temperature: 
     numbers = torch.stack([entropy, top2[:, 0], top2[:, 0] - top2[:, 1]], -1).tolist()
     # on the CPU, where a loop draws from them (one copy for all rows, from a GPU)
     draw, logp, p = draw.cpu(), logp.cpu(), p.cpu()
-    return [SampledRow(draw[i], logp[i], p[i], *numbers[i]) for i in range(len(numbers))]
+    counts, drawn = lattice(draw.numpy()) if lattice is not None else (None, draw.numpy())
+    cdf = cdfs(drawn)
+    return [SampledRow(draw[i], logp[i], p[i], *numbers[i], cdf[i], lattice, None if counts is None else counts[i])
+            for i in range(len(numbers))]
 
 
 @functools.cache
-def sampled_summary(temperature: float, entropy_temperature: float | None = None):
-    """`sampled_rows` at these temperatures, as ONE function per pair (see greedy_summary)."""
-    return functools.partial(sampled_rows, temperature=temperature, entropy_temperature=entropy_temperature)
+def sampled_summary(temperature: float, entropy_temperature: float | None = None, lattice: Callable | None = None):
+    """`sampled_rows` at these temperatures (and Q-S lattice), as ONE function per setting (see
+    greedy_summary)."""
+    return functools.partial(sampled_rows, temperature=temperature, entropy_temperature=entropy_temperature,
+                             lattice=lattice)
 
 
 def audio_summary(mel) -> tuple[float, ...]:

@@ -40,8 +40,20 @@ def draw(law: np.ndarray | torch.Tensor, rng: np.random.Generator) -> int:
     `rng.choice(len(law), p=law / law.sum())` draws, from the same uniform number, without its checks
     of p, which took half the time of a sampled token's draw (a softmax or a lattice is a law)."""
     law = law.cpu().numpy() if isinstance(law, torch.Tensor) else law  # (a GPU's softmax: drawn here)
-    cdf = np.cumsum(law / law.sum(), dtype=np.float64)
-    cdf /= cdf[-1]
+    return draw_from(cdfs(np.asarray(law)[None])[0], rng)
+
+
+def cdfs(laws: np.ndarray) -> np.ndarray:
+    """The cumulative distribution `draw` draws from, of each row of (k, V) `laws`, in one operation
+    for all rows (a sampling edge's are computed once per step for every drafting loop): each row
+    the bits it gets alone (a row's sum and running sum are the same along a row as of it alone)."""
+    cdf = np.cumsum(laws / laws.sum(axis=1, keepdims=True), axis=1, dtype=np.float64)
+    cdf /= cdf[:, -1:]
+    return cdf
+
+
+def draw_from(cdf: np.ndarray, rng: np.random.Generator) -> int:
+    """The token `draw` gives for the law whose `cdfs` row is `cdf`."""
     return int(cdf.searchsorted(rng.random(), side="right"))
 
 
