@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from greenlet import getcurrent, settrace
 
 from speccap.batching.lockstep import Lockstep, SteppedLM, decode_all
 from speccap.batching.step_graphs import Invariant
@@ -304,3 +305,72 @@ def test_a_learned_token_gate_decodes_the_same_captions_batched(pair, clips):
                           list(enumerate(clips))))
     for i, rec in enumerate(single):
         _same(rec, batched[i])
+
+
+def test_a_greedy_run_is_continued_by_the_executor_without_its_loop(pair, clips):
+    """`extend_run` through the executor: each loop's run goes on at every step without the loop
+    being resumed (one switch into it to start, one with the finished run), runs of different
+    lengths share the steps, and each run is what the session gives alone: the same tokens fed, the
+    hidden states and last logits within a batched matmul's rounding."""
+    edge, _ = pair
+    free = [edge.start(mel, lang).extend_run([5], greedy_stats, 12, -1) for mel, lang in clips[:4]]
+    # a stop token each run meets: a token its free run writes (a run ends on it, unfed)
+    stops = [run.summaries[k].token for run, k in zip(free, (5, 8, 2, 10))]
+    steps = [12, 3, 7, 12]
+
+    def job(lm, i, mel, lang):
+        sess = lm.start(mel, lang)
+        run = sess.extend_run([5], greedy_stats, steps[i], stops[i], return_hidden=True)
+        return run, sess.length
+
+    alone = [job(edge, i, mel, lang) for i, (mel, lang) in enumerate(clips[:4])]
+    for (run, length), stop, n, whole in zip(alone, stops, steps, free):
+        meets = 1 + [s.token for s in whole.summaries].index(stop)  # the forward whose summary gives it
+        assert run.forwards == length == min(n, meets) and len(run.hidden) == run.forwards
+        assert run.summaries == whole.summaries[: run.forwards]
+    ex = Lockstep(4)
+    e = ex.wrap(edge)
+    into: list[int] = []
+    jobs = {}
+
+    def trace(event, args):
+        if event == "switch" and args[1] in jobs:
+            into.append(jobs[args[1]])
+
+    def start(ij):
+        jobs[getcurrent()] = ij[0]
+        return ij[0], job(e, ij[0], *ij[1])
+
+    previous = settrace(trace)
+    try:
+        batched = dict(ex.map(start, list(enumerate(clips[:4]))))
+    finally:
+        settrace(previous)
+    assert sorted(into) == [0, 0, 1, 1, 2, 2, 3, 3]  # the start's answer, then the whole run
+    for (want, want_len), (got, got_len) in zip(alone, [batched[i] for i in range(4)]):
+        assert [s.token for s in got.summaries] == [s.token for s in want.summaries] and got_len == want_len
+        assert torch.allclose(got.logits, want.logits, atol=1e-4)
+        assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(got.hidden, want.hidden))
+    assert ex.pools[0].steps == max(r.forwards for r, _ in alone) > min(r.forwards for r, _ in alone)  # side by side
+
+
+def test_a_start_summarizes_every_first_token_of_its_step_in_one_call(pair, clips):
+    """`start(..., summarize=fn)`: the clips that start in a step get their first token's summary
+    from one call over them all, each what its session gives alone."""
+    edge, _ = pair
+    calls = []
+
+    def summarize(rows):
+        calls.append(len(rows))
+        return greedy_stats(rows)
+
+    alone = [edge.start(mel, lang, summarize=summarize) for mel, lang in clips[:4]]
+    assert calls == [1] * 4 and all(s.prefill_summary == greedy_stats(s.prefill_logits[None])[0] for s in alone)
+    calls.clear()
+    ex = Lockstep(4)
+    e = ex.wrap(edge)
+    batched = dict(ex.map(lambda ij: (ij[0], e.start(*ij[1], summarize=summarize).prefill_summary),
+                          list(enumerate(clips[:4]))))
+    assert calls == [4]
+    assert [batched[i].token for i in range(4)] == [s.prefill_summary.token for s in alone]
+    assert e.start(clips[0][0], clips[0][1]).prefill_summary is None  # nothing asked, nothing made

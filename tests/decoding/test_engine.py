@@ -6,6 +6,7 @@ import torch
 
 from speccap.config import LinkConfig
 from speccap.decoding import packets
+from speccap.decoding.cost import CostModel
 from speccap.decoding.engine import SpecSettings, cloud_only, edge_only, speculative
 from speccap.decoding.gates import make_gate
 from speccap.decoding.halves import EdgeHalf
@@ -137,3 +138,52 @@ def test_a_qs_edge_drafts_at_the_level_its_rule_has_when_it_draws(pair, audio):
         assert torch.equal(block.q[-1], torch.from_numpy(want / level))
         assert tok == draw(want / level, rng)
     assert s.rule.nnz[4][1] == 2 and s.rule.nnz[32][1] == 1 and s.rule.nnz[2][1] == 1
+
+
+@pytest.mark.parametrize("hidden", ["none", "after each token", "before each token"])
+def test_a_greedy_block_drafted_as_one_run_is_the_block_drafted_token_by_token(pair, audio, hidden):
+    """`draft_block` on a greedy edge (one `extend_run` a block) drafts, feeds and books what
+    drafting token by token does, to the bit: the tokens and statistics, the states WISV sends
+    ("after") or a learned gate reads ("before"), the cache, and every record field; the end token
+    drafted mid-run, unfed."""
+    edge, _ = pair
+    mel = audio[1]
+    ends = copy.copy(edge)  # the same model, its captions ending at a token it drafts mid-block
+    caption = edge_only(edge, mel, "en", MAX).token_ids
+    ends._eos = next(t for i, t in enumerate(caption) if i >= 5 and t not in caption[:i])
+    cost = CostModel({r: {"prefill": [1e-3, 1e-5], "extend": [2e-4, 5e-5, 1e-7]} for r in ("edge", "cloud")})
+    s = _spec("entropy", 1.0, trace_hidden=hidden == "after each token", cost=cost)
+    if hidden == "before each token":
+        s.gate.needs_hidden = True  # what a learned gate that reads states says of itself
+
+    def drafted(as_run: bool):
+        books = Ledger("ugsd", cost)
+        half = EdgeHalf(ends, mel, "en", s, books)
+        blocks = []
+        for budget in (3, 1, 3, 5, 4):
+            block = Block(start=half.cached)
+            if as_run:
+                half.draft_block(block, budget, needs_q=False)
+            else:
+                while len(block) < budget and half.draft(block, needs_q=False) != ends.eos_token_id:
+                    pass
+            blocks.append(block)
+            if block.tokens[-1] == ends.eos_token_id:
+                break
+        return blocks, books, half
+
+    (want, b1, h1), (got, b2, h2) = drafted(False), drafted(True)
+    assert len(got) == 4 and got[-1].tokens[-1] == ends.eos_token_id and len(got[-1]) < 5  # ended mid-run
+
+    def same(a, b):
+        return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+    for a, b in zip(want, got):
+        assert (a.tokens, a.stats) == (b.tokens, b.stats)
+        for kept in ("hidden", "context"):
+            x, y = getattr(a, kept), getattr(b, kept)
+            assert len(x) == len(y) and all(same(u, v) for u, v in zip(x, y))
+    assert bool(got[0].hidden) == (hidden == "after each token") and bool(got[0].context) == (hidden == "before each token")
+    assert got[-1].hidden == [] or got[-1].hidden[-1] is None  # the end token is never fed
+    assert vars(b1.rec) == vars(b2.rec) and b1.now == b2.now
+    assert (h1.cached, h1.summary) == (h2.cached, h2.summary) and torch.equal(h1.logits, h2.logits)
+    assert same(h1.state, h2.state)

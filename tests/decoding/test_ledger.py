@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from speccap.config import LinkConfig
+from speccap.decoding.cost import CostModel, Work
 from speccap.decoding.ledger import CaptionRecord, Ledger, output_timing
 from speccap.decoding.link import Link
 from speccap.decoding.relink import link_log, relink
+from speccap.decoding.stats import greedy_stats
 from speccap.decoding.verify import Verdict
 from speccap.metrics.system import ResourceMonitor
 
@@ -23,6 +25,7 @@ MUTATORS = {"append", "extend", "update", "insert", "pop", "clear", "setdefault"
 OWN = {("decoding/link.py", "self.retransmissions"),  # the link's lost packets, over every caption it carries
        ("decoding/qs.py", "self.accepted"),  # adaptive Q-S: accepted tokens per lattice level
        ("serving/verifier.py", "session.rounds")}  # a served session's rounds, for /health
+COST = CostModel({r: {"prefill": [1e-3, 1e-5], "extend": [2e-4, 5e-5, 1e-7]} for r in ("edge", "cloud")})
 
 
 def record_writes(source: str, name: str) -> list[str]:
@@ -169,3 +172,41 @@ def test_the_network_books_add_measured_exchanges():
     assert net["requests"] == 1 and net["verify_rtts"] == [0.3] and net["net_time"] == pytest.approx(0.15)
     assert books.rec.cloud_compute == 0.1 and books.now == 0.3 and books.rec.link_time == pytest.approx(0.2)
     assert net["fallback"] == 7 and net["fallback_reasons"] == ["0", "1", "2", "3", "4"] and net["reopened"] == 1
+
+
+@pytest.mark.parametrize("cost", [None, COST], ids=["measured", "cost model"])
+def test_a_greedy_run_is_booked_as_its_forwards_one_by_one(pair, audio, cost):
+    """`forward_run`: one call for a run of forwards, booked forward by forward with what the caller
+    books between them (`before`), so the record and the clock are those of the forwards called one
+    at a time; with a cost model to the bit, measured within the clock's own seconds."""
+    edge, _ = pair
+    _, mel = audio
+    link = Link(LinkConfig())
+
+    def by_one():
+        books = Ledger("edge", cost)
+        sess = books.prefill("edge", edge.start, mel, "en", work=Work("edge", mel.shape[-1], prefill=True))
+        tok = 5
+        for i in range(6):
+            books.send(link, "down", "token", bytes(3 + i))
+            tok = books.forward("edge", sess.extend, [tok], False, greedy_stats,
+                                work=Work("edge", 1, sess.length)).summary.token
+        return books, sess
+
+    def as_run():
+        books = Ledger("edge", cost)
+        sess = books.prefill("edge", edge.start, mel, "en", work=Work("edge", mel.shape[-1], prefill=True))
+        run = books.forward_run("edge", sess, [5], greedy_stats, 6, -1,
+                                before=lambda run, j: books.send(link, "down", "token", bytes(3 + j)))
+        assert run.forwards == 6
+        return books, sess
+
+    (one, s1), (many, s2) = by_one(), as_run()
+    assert s1.length == s2.length == 6
+    a, b = one.rec, many.rec
+    assert (a.edge_fed, a.bytes_down, [p["bytes"] for p in a.packets]) == (b.edge_fed, b.bytes_down, [p["bytes"] for p in b.packets])
+    if cost is not None:
+        assert (a.edge_compute, one.now, [p["at"] for p in a.packets]) == (b.edge_compute, many.now, [p["at"] for p in b.packets])
+    else:  # each forward charged its share of the run's measured seconds, each packet after the forwards before it
+        assert many.now == pytest.approx(b.edge_compute + b.link_time) and b.edge_compute > b.prefill_time
+        assert [p["at"] for p in b.packets] == sorted(p["at"] for p in b.packets)

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from speccap.models.generate import autoregress, cdfs, draw, draw_from
+from speccap.models.generate import autoregress, cdfs, draw, draw_from, greedy, greedy_run, greedy_tokens
+
+from .conftest import tiny_lm
 
 
 def _model(script: list[int], vocab: int = 8):
@@ -68,3 +70,47 @@ def test_cdfs_of_a_steps_rows_draw_each_rows_token_to_the_bit():
         assert np.array_equal(rows[i], alone / alone[-1])
         ours, theirs = np.random.default_rng(i), np.random.default_rng(i)
         assert [draw_from(rows[i], ours) for _ in range(30)] == [draw(law, theirs) for _ in range(30)]
+
+
+@pytest.fixture(scope="module")
+def thinker():
+    return tiny_lm("qwen2_5_omni", seed=1)
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2, 6, 24])
+@pytest.mark.parametrize("ending", [False, True])
+def test_a_greedy_caption_as_one_run_is_autoregress_s(thinker, audio, limit, ending):
+    """`greedy_run` on a session's `extend_run` writes the caption `autoregress` writes feeding token
+    by token, sees each pick in the same order, and its forwards come where autoregress's come:
+    after the pick they feed, before the next is seen."""
+    mel = audio[1]
+    sess = thinker.start(mel, "en")
+    caption = autoregress(sess.prefill_logits, lambda tok: sess.extend([tok]).logits[-1], -1, 24)
+    # an end token the caption meets mid-way: the first token not written before
+    eos = next(t for i, t in enumerate(caption) if i >= 3 and t not in caption[:i]) if ending else -1
+
+    def events_by_one():
+        events, sess = [], thinker.start(mel, "en")
+
+        def feed(tok):
+            events.append(("forward", tok))
+            return sess.extend([tok]).logits[-1]
+        ids = autoregress(sess.prefill_logits, feed, eos, limit, seen=lambda i, tok, _: events.append((i, tok)))
+        return ids, events
+
+    def events_as_run():
+        events, sess = [], thinker.start(mel, "en", summarize=greedy_tokens)
+
+        def run(ids, steps, stop, before):
+            made = sess.extend_run(ids, greedy_tokens, steps, stop)
+            for j in range(made.forwards):
+                before(made, j)
+                events.append(("forward", ids[0] if j == 0 else made.summaries[j - 1]))
+            return made
+        ids = greedy_run(sess.prefill_summary, run, eos, limit, lambda i, tok: events.append((i, tok)))
+        assert sess.prefill_summary == greedy(sess.prefill_logits)
+        return ids, events
+
+    want, got = events_by_one(), events_as_run()
+    assert got == want
+    assert want[0] == (caption[: caption.index(eos)] if ending and eos in caption[:limit] else caption[:limit])

@@ -28,54 +28,90 @@ import numpy as np
 import torch
 from greenlet import getcurrent, greenlet
 
-from ..models.base import AudioLM, Session, StepOutput, Summarize
+from ..models.base import AudioLM, Run, Session, StepOutput, Summarize, summary_token
 from .row_pool import Prefilled, RowPool, batchable
 from .step_graphs import Invariant
 
 
 class _Ask:
     """A loop's pending extension: tokens for a row of a pool, and what to make of the last
-    position's logits (`summarize`, see Session.extend), if anything."""
+    position's logits (`summarize`, see Session.extend), if anything. A greedy run's ask
+    (`Session.extend_run`: `steps` set) is asked again in place at the next step with the token
+    its summary gave (`follow`), until the run ends: the loop resumes once per run."""
 
-    __slots__ = ("pool", "row", "ids", "summarize")
+    __slots__ = ("pool", "row", "ids", "summarize", "steps", "stop", "summaries", "hidden", "logits")
 
-    def __init__(self, pool: RowPool, row: int, ids: list[int], summarize: Summarize | None = None):
+    def __init__(self, pool: RowPool, row: int, ids: list[int], summarize: Summarize | None = None,
+                 steps: int | None = None, stop: int = -1, hidden: bool = False):
         self.pool, self.row, self.ids, self.summarize = pool, row, ids, summarize
+        self.steps, self.stop = steps, stop
+        self.summaries: list = []
+        self.hidden: list[torch.Tensor] | None = [] if hidden else None
+        self.logits: torch.Tensor | None = None
+
+    def follow(self, out: tuple) -> bool:
+        """A run's forward is done (`out`: its logits, hidden states and summary): keep what the run
+        returns of it; True while the run goes on (its next token is asked in place)."""
+        logits, hidden, summary = out
+        self.summaries.append(summary)
+        if self.hidden is not None:  # copies: the step's outputs are views of the whole batch's
+            self.hidden.append(hidden[-1].float().clone())
+        tok = summary_token(summary)
+        if len(self.summaries) < self.steps and tok != self.stop:
+            self.ids = [tok]
+            return True
+        self.logits = logits[-1].clone()
+        return False
+
+    def made(self) -> Run:
+        return Run(self.summaries, self.logits, self.hidden)
 
     @staticmethod
     def run(pool: RowPool, asks: list[_Ask]) -> list:
         """(logits, hidden, summary) for each ask: one forward, then one `summarize` call per
         function over the last positions of every row that asked with it."""
-        outs = [(logits, hidden, None) for logits, hidden in pool.run([(a.row, a.ids) for a in asks])]
-        by_fn: dict[Summarize, list[int]] = {}
-        for i, a in enumerate(asks):
-            if a.summarize is not None:
-                by_fn.setdefault(a.summarize, []).append(i)
-        if not by_fn:
-            return outs
-        t0 = time.perf_counter()
-        for fn, idx in by_fn.items():
-            last = torch.stack([outs[i][0][-1] for i in idx])
-            if pool.invariant is not None:  # a reduction's order follows its shape: one shape for any batch
-                last = torch.cat([last, last.new_zeros((pool.rows - len(idx), last.shape[1]))])
-            made = fn(last)
-            for i, summary in zip(idx, made):
-                outs[i] = outs[i][:2] + (summary,)
-        pool.seconds["summary"] += time.perf_counter() - t0
-        return outs
+        outs = pool.run([(a.row, a.ids) for a in asks])
+        made = _summaries(pool, [a.summarize for a in asks], [logits[-1] for logits, _ in outs])
+        return [(logits, hidden, summary) for (logits, hidden), summary in zip(outs, made)]
+
+
+def _summaries(pool: RowPool, fns: list[Summarize | None], rows: list[torch.Tensor]) -> list:
+    """fns[i](rows[i]) for each row whose function is given (None for the others): one call per
+    function over all the rows that ask with it."""
+    made: list = [None] * len(rows)
+    by_fn: dict[Summarize, list[int]] = {}
+    for i, fn in enumerate(fns):
+        if fn is not None:
+            by_fn.setdefault(fn, []).append(i)
+    if not by_fn:
+        return made
+    t0 = time.perf_counter()
+    for fn, idx in by_fn.items():
+        last = torch.stack([rows[i] for i in idx])
+        if pool.invariant is not None:  # a reduction's order follows its shape: one shape for any batch
+            last = torch.cat([last, last.new_zeros((pool.rows - len(idx), last.shape[1]))])
+        for i, summary in zip(idx, fn(last)):
+            made[i] = summary
+    pool.seconds["summary"] += time.perf_counter() - t0
+    return made
 
 
 class _Start:
-    """A loop's pending session start: a clip's features for a pool's prefill."""
+    """A loop's pending session start: a clip's features for a pool's prefill, and what to make of
+    the first token's logits (`summarize`), if anything."""
 
-    __slots__ = ("pool", "features", "language", "hidden")
+    __slots__ = ("pool", "features", "language", "hidden", "summarize")
 
-    def __init__(self, pool: RowPool, features: np.ndarray, language: str, hidden: bool):
+    def __init__(self, pool: RowPool, features: np.ndarray, language: str, hidden: bool,
+                 summarize: Summarize | None = None):
         self.pool, self.features, self.language, self.hidden = pool, features, language, hidden
+        self.summarize = summarize
 
     @staticmethod
     def run(pool: RowPool, asks: list[_Start]) -> list:
-        return pool.prefill([(a.features, a.language, a.hidden) for a in asks])
+        starts = pool.prefill([(a.features, a.language, a.hidden) for a in asks])
+        made = _summaries(pool, [a.summarize for a in asks], [start.prefill_logits for start in starts])
+        return [(start, summary) for start, summary in zip(starts, made)]
 
 
 class _Score:
@@ -131,7 +167,10 @@ class Lockstep:
     def ask(self, ask: _Ask | _Start | _Score):
         """A loop's model call: parks the loop until the next step (outside `map`, runs at once)."""
         if self.hub is None or getcurrent() is self.hub:
-            return ask.run(ask.pool, [ask])[0]
+            out = ask.run(ask.pool, [ask])[0]
+            while _continues(ask, out):
+                out = ask.run(ask.pool, [ask])[0]
+            return ask.made() if _is_run(ask) else out
         return self.hub.switch(ask)  # a failed call is thrown in here (map)
 
     def map(self, fn: Callable, jobs: Iterable) -> Iterator:
@@ -172,14 +211,27 @@ def _step(live: list[tuple[greenlet, object]]) -> tuple[list, list]:
     while now:
         results = step_all([pending[k][1] for k in now])
         for k, res in zip(now, results):
-            g = pending[k][0]
-            # a call that failed raises inside its loop, where the loop's own handling sees it
-            out = g.throw(res) if isinstance(res, Exception) else g.switch(res)
+            g, ask = pending[k]
+            if isinstance(res, Exception):  # a call that failed raises inside its loop, where its own handling sees it
+                out = g.throw(res)
+            elif _continues(ask, res):  # a greedy run goes on at the next step, without its loop
+                continue
+            else:
+                out = g.switch(ask.made() if _is_run(ask) else res)
             pending[k] = None if g.dead else (g, out)
             if g.dead:
                 ended.append((k, out))
         now = [k for k, p in enumerate(pending) if p is not None and isinstance(p[1], _Score)]
     return [p for p in pending if p is not None], [out for _, out in sorted(ended, key=lambda e: e[0])]
+
+
+def _is_run(ask) -> bool:
+    return isinstance(ask, _Ask) and ask.steps is not None
+
+
+def _continues(ask, out) -> bool:
+    """Whether `ask`, a greedy run's, goes on after the forward that gave `out`."""
+    return _is_run(ask) and ask.follow(out)
 
 
 def step_all(asks: list[_Ask | _Start | _Score]) -> list:
@@ -276,15 +328,17 @@ class SteppedLM(AudioLM):
     def dtype(self) -> torch.dtype:
         return self.lm.dtype
 
-    def start(self, features: np.ndarray, language: str, hidden: bool = False) -> Session:
-        return SteppedSession(self, self.executor.ask(_Start(self.pool, features, language, hidden)))
+    def start(self, features: np.ndarray, language: str, hidden: bool = False,
+              summarize: Summarize | None = None) -> Session:
+        return SteppedSession(self, *self.executor.ask(_Start(self.pool, features, language, hidden, summarize)))
 
 
 class SteppedSession(Session):
     """A session in a row of its model's pool; the row is freed with the session."""
 
-    def __init__(self, owner: SteppedLM, start: Prefilled):
+    def __init__(self, owner: SteppedLM, start: Prefilled, summary=None):
         self.lm, self.pool, self.executor = owner.lm, owner.pool, owner.executor
+        self.prefill_summary = summary
         self.row, self.blocked = start.row, start.blocked
         self.prefill_logits, self.prefill_hidden = start.prefill_logits, start.prefill_hidden
         self.prompt_len = start.prompt_len
@@ -300,6 +354,14 @@ class SteppedSession(Session):
             raise ValueError("extend() needs at least one token")
         logits, hidden, summary = self.executor.ask(_Ask(self.pool, self.row, list(token_ids), summarize))
         return StepOutput(logits.clone(), hidden.clone().float() if return_hidden else None, summary)
+
+    def extend_run(self, token_ids: list[int], summarize: Summarize, steps: int, stop: int,
+                   return_hidden: bool = False) -> Run:
+        if not token_ids:
+            raise ValueError("extend_run() needs at least one token")
+        if steps < 1:
+            raise ValueError(f"a run needs at least one forward, got steps={steps}")
+        return self.executor.ask(_Ask(self.pool, self.row, list(token_ids), summarize, steps, stop, return_hidden))
 
     def rollback(self, n: int) -> None:
         if n < 0 or n > self.length:

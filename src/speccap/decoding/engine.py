@@ -14,12 +14,14 @@ a virtual clock adds the two, so a sweep is fast and repeatable. The speculative
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
 from ..metrics.system import ResourceMonitor
-from ..models.base import AudioLM, StepOutput
-from ..models.generate import autoregress, greedy_tokens, pick
+from ..models.base import AudioLM
+from ..models.generate import autoregress, greedy_run, greedy_tokens, pick
 from . import packets
 from .cost import CostModel, Work
 from .gates import Gate
@@ -56,27 +58,28 @@ def _local(lm, features, language, max_new_tokens, temperature, seed, method, li
     with ResourceMonitor() as mon:
         if link is not None:
             books.send(link, "up", "features", packets.features_packet(1, features, language, lm.uplink.wire_dtype))
-        session = books.prefill(role, lm.start, features, language, scale=time_scale,
+        # greedy: each token is asked of the extension before it (one argmax per step for a batch
+        # of loops), the caption of the session as one run
+        summarize = greedy_tokens if temperature <= 0 else None
+        session = books.prefill(role, partial(lm.start, summarize=summarize), features, language, scale=time_scale,
                                 work=Work(method, features.shape[-1], prefill=True))
 
-        def seen(i, tok, _):
+        def seen(i, tok):
             if link is not None:  # each token streams down as it is made
                 books.send(link, "down", "token", packets.verdict_packet(1, i, 0, tok, bits), overlap=i > 0)
             if i == 0:
                 books.first_token()
 
-        # greedy: the token is asked of each extension (one argmax per step for a batch of loops)
-        summarize = greedy_tokens if temperature <= 0 else None
-
-        def feed(tok) -> StepOutput:
-            return books.forward(role, session.extend, [tok], False, summarize, scale=time_scale,
-                                 work=Work(method, 1, session.length))
-
-        def choose(made: torch.Tensor | StepOutput) -> int:  # the prefill's logits, then each extension's output
-            if isinstance(made, StepOutput):
-                return made.summary if summarize is not None else pick(made.logits[-1], temperature, rng)
-            return pick(made, temperature, rng)
-        ids = autoregress(session.prefill_logits, feed, lm.eos_token_id, max_new_tokens, choose, seen)
+        if summarize is not None:
+            def run(ids, steps, stop, before):
+                return books.forward_run(role, session, ids, summarize, steps, stop, scale=time_scale, before=before)
+            ids = greedy_run(session.prefill_summary, run, lm.eos_token_id, max_new_tokens, seen)
+        else:
+            def feed(tok) -> torch.Tensor:
+                return books.forward(role, session.extend, [tok], scale=time_scale,
+                                     work=Work(method, 1, session.length)).logits[-1]
+            ids = autoregress(session.prefill_logits, feed, lm.eos_token_id, max_new_tokens,
+                              lambda logits: pick(logits, temperature, rng), lambda i, tok, _: seen(i, tok))
     return books.finish(lm, ids, mon)
 
 
@@ -124,9 +127,7 @@ def blocking_loop(edge: AudioLM, make_cloud, features: np.ndarray, language: str
                     committed.extend(block.tokens[:-1])
                     block = last_token(block)
             else:
-                budget = min(policy.next_length(), settings.max_new_tokens - len(committed))
-                while len(block) < budget and ed.draft(block, rule.needs_q) != eos:
-                    pass
+                ed.draft_block(block, min(policy.next_length(), settings.max_new_tokens - len(committed)), rule.needs_q)
                 books.drafted(len(block))
                 escalate = gate.escalate(block)
             # 2. gate; 3. escalate (only what the cloud has not seen) with 4. one cloud forward

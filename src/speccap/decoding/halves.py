@@ -73,10 +73,6 @@ class EdgeHalf:
         self.rng = np.random.default_rng(s.seed + 1_000_003) if s.temperature > 0 else None
         self.keep_hidden = s.trace_hidden or s.rule.needs_hidden  # block.hidden: the state after each token
         self.keep_context = s.gate.needs_hidden  # block.context: the state before each token
-        start = partial(lm.start, hidden=True) if self.keep_context else lm.start
-        self.sess = books.prefill("edge", start, features, language, scale=s.edge_time_scale,
-                                  work=Work("edge", features.shape[-1], prefill=True))
-        self.logits = self.sess.prefill_logits  # next-token logits after what the cache holds
         # greedy drafting reads the statistics of the greedy token after each extension: asked of the
         # extension itself (a batching executor computes them for all its drafting loops at once)
         self.entropy_temperature = s.gate.entropy_temperature  # a tuned entropy gate's
@@ -84,7 +80,11 @@ class EdgeHalf:
         # statistics that do not depend on the token drawn, asked of the extension the same way
         greedy = s.temperature <= 0 and s.rule.edge_distribution is None
         self.greedy_summary = greedy_summary(self.entropy_temperature) if greedy else None
-        self.summary: TokenStats | SampledRow | None = None  # `summarize` of `self.logits`, when known
+        start = partial(lm.start, hidden=self.keep_context, summarize=self.summarize())
+        self.sess = books.prefill("edge", start, features, language, scale=s.edge_time_scale,
+                                  work=Work("edge", features.shape[-1], prefill=True))
+        self.logits = self.sess.prefill_logits  # next-token logits after what the cache holds
+        self.summary: TokenStats | SampledRow | None = self.sess.prefill_summary  # `summarize` of `self.logits`
         self.cached = 0  # caption tokens in the edge's KV cache
         self.state = self.sess.prefill_hidden  # the state after what the cache holds (with keep_context)
         self.defers = s.gate.level == "token" and not self.keep_hidden
@@ -138,15 +138,55 @@ class EdgeHalf:
             tok = self.pick()
             stats, q = token_stats(self.logits, tok, self.s.temperature, self.entropy_temperature)
             q = q.float().cpu()  # what would travel; the rule sees the same values
-        block.tokens.append(tok)
-        block.stats.append(stats)
-        if needs_q:
-            block.q.append(q)
-        if self.keep_context:  # float16 values, as the traces keep them (on the CPU, as they travel)
-            block.context.append(self.state.half().float().cpu())
+        self._drafted(block, stats, q if needs_q else None)
         if feed:
             self.feed_drafted(block)
         return tok
+
+    def _drafted(self, block: Block, stats: TokenStats, q: torch.Tensor | None) -> None:
+        """`stats.token` drafted into `block` with its statistics, `q` when it travels, and (with
+        keep_context) the state it was drafted from."""
+        block.tokens.append(stats.token)
+        block.stats.append(stats)
+        if q is not None:
+            block.q.append(q)
+        if self.keep_context:  # float16 values, as the traces keep them (on the CPU, as they travel)
+            block.context.append(self.state.half().float().cpu())
+
+    def draft_block(self, block: Block, budget: int, needs_q: bool) -> None:
+        """Draft into `block` until it holds `budget` tokens or ends the caption, every token fed
+        back as `draft` feeds it. A greedy edge that sends no q asks its session for the whole run
+        at once (`Session.extend_run`: a batching executor continues it at each step without
+        coming back here); otherwise token by token."""
+        eos = self.lm.eos_token_id
+        if self.greedy_summary is None or needs_q:
+            while len(block) < budget and self.draft(block, needs_q) != eos:
+                pass
+            return
+        if len(block) >= budget:
+            return
+        first = self.summary or self.greedy_summary(self.logits[None])[0]
+        self._drafted(block, first, None)
+        if first.token == eos:
+            if self.keep_hidden:
+                block.hidden.append(None)
+            return
+        run = self.books.forward_run("edge", self.sess, [first.token], self.greedy_summary, budget - len(block) + 1,
+                                     eos, self.keep_hidden or self.keep_context, scale=self.s.edge_time_scale)
+        self.logits, self.summary = run.logits, run.summaries[-1]
+        self.cached += run.forwards
+        for j, stats in enumerate(run.summaries):  # forward j fed the block's last token; `stats` is the next's
+            if self.keep_hidden:  # as it travels: float16, on the CPU
+                block.hidden.append(run.hidden[j].half().float().cpu())
+            if self.keep_context:
+                self.state = run.hidden[j]
+            if len(block) == budget:  # the run's last summary: the next block's first token
+                break
+            self._drafted(block, stats, None)
+            if stats.token == eos:  # drafted, never fed
+                if self.keep_hidden:
+                    block.hidden.append(None)
+                break
 
     def feed_drafted(self, block: Block) -> None:
         """Feed the block's last drafted token back to the cache (an end token is never fed)."""

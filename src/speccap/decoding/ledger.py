@@ -11,10 +11,11 @@ moves the clock.)"""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..metrics.system import ResourceMonitor
-from ..models.base import AudioLM
+from ..models.base import AudioLM, Run, Session
 from .cost import CostModel, Work
 from .link import Link
 from .verify import examined
@@ -136,7 +137,18 @@ class Clock:
         self.virtual += dt
         return out, dt
 
-
+    def measure_each(self, fn, *args, scale: float = 1.0, works: Callable[[object], list[Work]]):
+        """`measure` for a call of several model forwards (`works(output)`: each one's work): (output,
+        [(scaled seconds, work)] for each forward), not yet on the virtual time. Without a cost model
+        the forwards share the measured seconds."""
+        t = time.perf_counter()
+        out = fn(*args)
+        dt = time.perf_counter() - t
+        self.model += dt
+        each = works(out)
+        if self.cost is None:
+            return out, [(dt / len(each) * scale, w) for w in each]
+        return out, [(self.cost.seconds(w) * scale, w) for w in each]
 
 
 class Ledger:
@@ -176,13 +188,34 @@ class Ledger:
     def forward(self, role: str, fn, *args, scale: float = 1.0, work: Work):
         """A model forward over `work.new` caption tokens, on the clock; returns its output."""
         out, dt = self.clock.run(fn, *args, scale=scale, work=work)
+        self._computed(role, dt, work)
+        return out
+
+    def forward_run(self, role: str, session: Session, ids: list[int], summarize, steps: int, stop: int,
+                    hidden: bool = False, scale: float = 1.0, before: Callable[[Run, int], None] | None = None) -> Run:
+        """A greedy run (`session.extend_run`) on the clock: each of its forwards booked as `forward`
+        books one, in turn, after `before(run, j)` has booked what came before forward j (the same
+        events in the same order, so the same sums to the bit, as forwards called one by one)."""
+        length = session.length
+
+        def works(run: Run) -> list[Work]:  # the first forward reads `ids`, each later one a token
+            return [Work(role, len(ids), length)] + [Work(role, 1, length + len(ids) + j) for j in range(run.forwards - 1)]
+        run, charged = self.clock.measure_each(session.extend_run, ids, summarize, steps, stop, hidden,
+                                               scale=scale, works=works)
+        for j, (dt, work) in enumerate(charged):
+            if before is not None:
+                before(run, j)
+            self.clock.virtual += dt
+            self._computed(role, dt, work)
+        return run
+
+    def _computed(self, role: str, seconds: float, work: Work) -> None:
         if role == "edge":
-            self.rec.edge_compute += dt
+            self.rec.edge_compute += seconds
             self.rec.edge_fed += work.new
         else:
-            self.rec.cloud_compute += dt
+            self.rec.cloud_compute += seconds
             self.rec.cloud_tokens += work.new
-        return out
 
     def sent(self, uplink, features):
         """What the edge sends the cloud for the clip's log-mel `features` through `uplink`. A learned

@@ -33,6 +33,26 @@ class StepOutput:
     summary: object = None
 
 
+@dataclass
+class Run:
+    """What a greedy run (`Session.extend_run`) made: one forward for the ids it was given, then
+    one for each token a forward's summary gave."""
+
+    summaries: list  # of each forward's last position (summaries[j] gave the token forward j + 1 fed)
+    logits: torch.Tensor  # (V,) the last forward's last position: the next-token logits after the run
+    hidden: list[torch.Tensor] | None = None  # (H,) float32 each forward's last hidden state, when asked for
+
+    @property
+    def forwards(self) -> int:
+        return len(self.summaries)
+
+
+def summary_token(summary) -> int:
+    """The token a greedy summary gives: the summary itself (models.generate.greedy_tokens) or its
+    `token` (decoding.stats.greedy_stats)."""
+    return summary if isinstance(summary, int) else summary.token
+
+
 class Session(ABC):
     """The KV-cached state of one caption on one model."""
 
@@ -40,6 +60,8 @@ class Session(ABC):
     # (H,) float32 last-layer hidden state at the prompt's last position; None unless start(hidden=True)
     prefill_hidden: torch.Tensor | None
     prompt_len: int  # positions the prefill covered (prompt and audio placeholders)
+    # what the start's `summarize` made of `prefill_logits` (see extend), when it was given one
+    prefill_summary: object = None
 
     @property
     @abstractmethod
@@ -54,6 +76,27 @@ class Session(ABC):
         rows of a step that ask with the same function, so per-token work (a drafted token's
         statistics) is one tensor operation per step, not one per caption; it must therefore give
         each row what it gives that row alone."""
+
+    def extend_run(self, token_ids: list[int], summarize: Summarize, steps: int, stop: int,
+                   return_hidden: bool = False) -> Run:
+        """Extend by `token_ids`, then by the token each forward's summary gives (`summary_token`),
+        until `steps` forwards ran or a summary gives `stop` (never fed): a greedy draft or caption
+        in one call. A batching executor continues the run at each of its steps without returning
+        to the caller, so the caller's per-token work is done once per run."""
+        if steps < 1:
+            raise ValueError(f"a run needs at least one forward, got steps={steps}")
+        summaries: list = []
+        hidden: list[torch.Tensor] | None = [] if return_hidden else None
+        ids = list(token_ids)
+        while True:
+            out = self.extend(ids, return_hidden, summarize)
+            summaries.append(out.summary)
+            if hidden is not None:
+                hidden.append(out.hidden[-1])
+            tok = summary_token(out.summary)
+            if len(summaries) == steps or tok == stop:
+                return Run(summaries, out.logits[-1], hidden)
+            ids = [tok]
 
     @abstractmethod
     def rollback(self, n: int) -> None:
@@ -96,9 +139,12 @@ class AudioLM(ABC):
         ...
 
     @abstractmethod
-    def start(self, features: np.ndarray, language: str, hidden: bool = False) -> Session:
+    def start(self, features: np.ndarray, language: str, hidden: bool = False,
+              summarize: Summarize | None = None) -> Session:
         """Prefill audio features (n_mels, frames) and the prompt for `language`; with `hidden`, keep
-        the last-layer state at the prompt's last position (`prefill_hidden`)."""
+        the last-layer state at the prompt's last position (`prefill_hidden`); with `summarize`,
+        summarize the first token's logits as `Session.extend` does its last position's
+        (`prefill_summary`: a batching executor does it for the step's starts at once)."""
 
     def wire(self, features: np.ndarray) -> np.ndarray:
         """What the edge sends this model for a clip's log-mel: the input of `start`."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import AudioLM
+from .base import AudioLM, Run
 
 
 @dataclass
@@ -89,6 +89,27 @@ def autoregress(logits: torch.Tensor, feed: Callable[[int], torch.Tensor], eos: 
             break
         logits = feed(tok)
     return ids
+
+
+def greedy_run(first: int, run: Callable[..., Run], eos: int, limit: int,
+               seen: Callable[[int, int], None]) -> list[int]:
+    """`autoregress`'s greedy caption after the first token `first`, its forwards asked as ONE run:
+    `run(ids, steps, stop, before)` feeds `ids` and then the token each forward's summary gives
+    (`Session.extend_run` with `greedy_tokens`), calling `before(run, j)` ahead of forward j's
+    bookkeeping; `seen(i, token)` sees each pick in autoregress's order (the end token included;
+    forward j comes after seen(j))."""
+    if limit <= 0:
+        return []
+    if first == eos or limit == 1:
+        seen(0, first)
+        return [] if first == eos else [first]
+
+    def token(made: Run, j: int) -> int:
+        return first if j == 0 else made.summaries[j - 1]
+    made = run([first], limit - 1, eos, lambda made, j: seen(j, token(made, j)))
+    last = made.summaries[-1]
+    seen(made.forwards, last)
+    return [first] + made.summaries[:-1] + ([] if last == eos else [last])
 
 
 def continue_greedy(lm: AudioLM, mel: np.ndarray, language: str, prefix: list[int], max_new_tokens: int) -> list[int]:

@@ -116,8 +116,12 @@ class ThinkerLM(AudioLM):
                                                            self._eos).to(self.device)
         return self._blocked[key]
 
-    def start(self, features: np.ndarray, language: str, hidden: bool = False) -> "ThinkerSession":
-        return ThinkerSession(self, features, language, hidden)
+    def start(self, features: np.ndarray, language: str, hidden: bool = False,
+              summarize: Summarize | None = None) -> "ThinkerSession":
+        sess = ThinkerSession(self, features, language, hidden)
+        if summarize is not None:
+            sess.prefill_summary = summarize(sess.prefill_logits[None])[0]
+        return sess
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
