@@ -328,6 +328,8 @@ def test_a_greedy_run_is_continued_by_the_executor_without_its_loop(pair, clips)
         meets = 1 + [s.token for s in whole.summaries].index(stop)  # the forward whose summary gives it
         assert run.forwards == length == min(n, meets) and len(run.hidden) == run.forwards
         assert run.summaries == whole.summaries[: run.forwards]
+        # a token chosen from every forward but the last of a run that ran all its steps
+        assert run.tokens == [s.token for s in run.summaries][: run.forwards - (run.forwards == n)]
     ex = Lockstep(4)
     e = ex.wrap(edge)
     into: list[int] = []
@@ -349,6 +351,7 @@ def test_a_greedy_run_is_continued_by_the_executor_without_its_loop(pair, clips)
     assert sorted(into) == [0, 0, 1, 1, 2, 2, 3, 3]  # the start's answer, then the whole run
     for (want, want_len), (got, got_len) in zip(alone, [batched[i] for i in range(4)]):
         assert [s.token for s in got.summaries] == [s.token for s in want.summaries] and got_len == want_len
+        assert got.tokens == want.tokens
         assert torch.allclose(got.logits, want.logits, atol=1e-4)
         assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(got.hidden, want.hidden))
     assert ex.pools[0].steps == max(r.forwards for r, _ in alone) > min(r.forwards for r, _ in alone)  # side by side

@@ -140,50 +140,62 @@ def test_a_qs_edge_drafts_at_the_level_its_rule_has_when_it_draws(pair, audio):
     assert s.rule.nnz[4][1] == 2 and s.rule.nnz[32][1] == 1 and s.rule.nnz[2][1] == 1
 
 
-@pytest.mark.parametrize("hidden", ["none", "after each token", "before each token"])
-def test_a_greedy_block_drafted_as_one_run_is_the_block_drafted_token_by_token(pair, audio, hidden):
-    """`draft_block` on a greedy edge (one `extend_run` a block) drafts, feeds and books what
-    drafting token by token does, to the bit: the tokens and statistics, the states WISV sends
-    ("after") or a learned gate reads ("before"), the cache, and every record field; the end token
-    drafted mid-run, unfed."""
+EDGES = {"greedy": {}, "greedy, states after each token": {"trace_hidden": True},
+         "greedy, states before each token": {}, "speculative sampling": {"rule": "spec_sampling", "temperature": 1.0},
+         "Q-S": {"rule": "qs", "temperature": 1.0}}
+
+
+@pytest.mark.parametrize("kind", list(EDGES))
+def test_a_block_drafted_as_one_run_is_the_block_drafted_token_by_token(pair, audio, kind):
+    """`draft_block` (the first token drafted, the rest one `extend_run`) drafts, feeds and books
+    what drafting token by token does, to the bit: the tokens, statistics and q's, the states WISV
+    sends (after each token) or a learned gate reads (before), the cache, a sampling edge's generator
+    and every record field; a greedy edge's end token drafted mid-run, unfed."""
     edge, _ = pair
     mel = audio[1]
     ends = copy.copy(edge)  # the same model, its captions ending at a token it drafts mid-block
     caption = edge_only(edge, mel, "en", MAX).token_ids
     ends._eos = next(t for i, t in enumerate(caption) if i >= 5 and t not in caption[:i])
     cost = CostModel({r: {"prefill": [1e-3, 1e-5], "extend": [2e-4, 5e-5, 1e-7]} for r in ("edge", "cloud")})
-    s = _spec("entropy", 1.0, trace_hidden=hidden == "after each token", cost=cost)
-    if hidden == "before each token":
-        s.gate.needs_hidden = True  # what a learned gate that reads states says of itself
+    greedy = "temperature" not in EDGES[kind]
 
     def drafted(as_run: bool):
+        s = _spec("entropy" if greedy else "always", 1.0 if greedy else None, cost=cost, **EDGES[kind])
+        if kind == "greedy, states before each token":
+            s.gate.needs_hidden = True  # what a learned gate that reads states says of itself
         books = Ledger("ugsd", cost)
         half = EdgeHalf(ends, mel, "en", s, books)
         blocks = []
         for budget in (3, 1, 3, 5, 4):
             block = Block(start=half.cached)
             if as_run:
-                half.draft_block(block, budget, needs_q=False)
+                half.draft_block(block, budget, s.rule.needs_q)
             else:
-                while len(block) < budget and half.draft(block, needs_q=False) != ends.eos_token_id:
+                while len(block) < budget and half.draft(block, s.rule.needs_q) != ends.eos_token_id:
                     pass
             blocks.append(block)
             if block.tokens[-1] == ends.eos_token_id:
                 break
-        return blocks, books, half
+        return blocks, books, half, s.rule
 
-    (want, b1, h1), (got, b2, h2) = drafted(False), drafted(True)
-    assert len(got) == 4 and got[-1].tokens[-1] == ends.eos_token_id and len(got[-1]) < 5  # ended mid-run
+    (want, b1, h1, r1), (got, b2, h2, r2) = drafted(False), drafted(True)
+    if greedy:
+        assert len(got) == 4 and got[-1].tokens[-1] == ends.eos_token_id and len(got[-1]) < 5  # ended mid-run
+        assert h1.summary == h2.summary
+    else:
+        assert h1.rng.bit_generator.state == h2.rng.bit_generator.state and np.array_equal(h1.summary.cdf, h2.summary.cdf)
+        assert getattr(r1, "nnz", None) == getattr(r2, "nnz", None)
 
     def same(a, b):
         return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
-    for a, b in zip(want, got):
+    for a, b in zip(want, got, strict=True):
         assert (a.tokens, a.stats) == (b.tokens, b.stats)
-        for kept in ("hidden", "context"):
+        for kept in ("q", "hidden", "context"):
             x, y = getattr(a, kept), getattr(b, kept)
             assert len(x) == len(y) and all(same(u, v) for u, v in zip(x, y))
-    assert bool(got[0].hidden) == (hidden == "after each token") and bool(got[0].context) == (hidden == "before each token")
+    assert bool(got[0].q) != greedy
+    assert bool(got[0].hidden) == (kind == "greedy, states after each token")
+    assert bool(got[0].context) == (kind == "greedy, states before each token")
     assert got[-1].hidden == [] or got[-1].hidden[-1] is None  # the end token is never fed
     assert vars(b1.rec) == vars(b2.rec) and b1.now == b2.now
-    assert (h1.cached, h1.summary) == (h2.cached, h2.summary) and torch.equal(h1.logits, h2.logits)
-    assert same(h1.state, h2.state)
+    assert h1.cached == h2.cached and torch.equal(h1.logits, h2.logits) and same(h1.state, h2.state)

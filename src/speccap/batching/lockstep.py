@@ -39,32 +39,26 @@ class _Ask:
     (`Session.extend_run`: `steps` set) is asked again in place at the next step with the token
     its summary gave (`follow`), until the run ends: the loop resumes once per run."""
 
-    __slots__ = ("pool", "row", "ids", "summarize", "steps", "stop", "summaries", "hidden", "logits")
+    __slots__ = ("pool", "row", "ids", "summarize", "steps", "stop", "choose", "made")
 
     def __init__(self, pool: RowPool, row: int, ids: list[int], summarize: Summarize | None = None,
-                 steps: int | None = None, stop: int = -1, hidden: bool = False):
+                 steps: int | None = None, stop: int = -1, hidden: bool = False,
+                 choose: Callable[[object], int] = summary_token):
         self.pool, self.row, self.ids, self.summarize = pool, row, ids, summarize
-        self.steps, self.stop = steps, stop
-        self.summaries: list = []
-        self.hidden: list[torch.Tensor] | None = [] if hidden else None
-        self.logits: torch.Tensor | None = None
+        self.steps, self.stop, self.choose = steps, stop, choose
+        self.made = None if steps is None else Run([], [], None, [] if hidden else None)  # a run's, so far
 
     def follow(self, out: tuple) -> bool:
         """A run's forward is done (`out`: its logits, hidden states and summary): keep what the run
         returns of it; True while the run goes on (its next token is asked in place)."""
         logits, hidden, summary = out
-        self.summaries.append(summary)
-        if self.hidden is not None:  # copies: the step's outputs are views of the whole batch's
-            self.hidden.append(hidden[-1].float().clone())
-        tok = summary_token(summary)
-        if len(self.summaries) < self.steps and tok != self.stop:
-            self.ids = [tok]
+        # copies: the step's outputs are views of the whole batch's
+        kept = hidden[-1:].clone().float() if self.made.hidden is not None else None
+        if self.made.goes_on(summary, kept, self.choose, self.steps, self.stop):
+            self.ids = [self.made.tokens[-1]]
             return True
-        self.logits = logits[-1].clone()
+        self.made.logits = logits[-1].clone()
         return False
-
-    def made(self) -> Run:
-        return Run(self.summaries, self.logits, self.hidden)
 
     @staticmethod
     def run(pool: RowPool, asks: list[_Ask]) -> list:
@@ -170,7 +164,7 @@ class Lockstep:
             out = ask.run(ask.pool, [ask])[0]
             while _continues(ask, out):
                 out = ask.run(ask.pool, [ask])[0]
-            return ask.made() if _is_run(ask) else out
+            return ask.made if _is_run(ask) else out
         return self.hub.switch(ask)  # a failed call is thrown in here (map)
 
     def map(self, fn: Callable, jobs: Iterable) -> Iterator:
@@ -217,7 +211,7 @@ def _step(live: list[tuple[greenlet, object]]) -> tuple[list, list]:
             elif _continues(ask, res):  # a greedy run goes on at the next step, without its loop
                 continue
             else:
-                out = g.switch(ask.made() if _is_run(ask) else res)
+                out = g.switch(ask.made if _is_run(ask) else res)
             pending[k] = None if g.dead else (g, out)
             if g.dead:
                 ended.append((k, out))
@@ -356,12 +350,13 @@ class SteppedSession(Session):
         return StepOutput(logits.clone(), hidden.clone().float() if return_hidden else None, summary)
 
     def extend_run(self, token_ids: list[int], summarize: Summarize, steps: int, stop: int,
-                   return_hidden: bool = False) -> Run:
+                   return_hidden: bool = False, choose: Callable[[object], int] = summary_token) -> Run:
         if not token_ids:
             raise ValueError("extend_run() needs at least one token")
         if steps < 1:
             raise ValueError(f"a run needs at least one forward, got steps={steps}")
-        return self.executor.ask(_Ask(self.pool, self.row, list(token_ids), summarize, steps, stop, return_hidden))
+        return self.executor.ask(_Ask(self.pool, self.row, list(token_ids), summarize, steps, stop, return_hidden,
+                                      choose))
 
     def rollback(self, n: int) -> None:
         if n < 0 or n > self.length:

@@ -11,7 +11,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from ..models.base import AudioLM
+from ..models.base import AudioLM, summary_token
 from ..models.generate import draw_from, pick
 from . import packets
 from .cloud import CloudSession
@@ -120,17 +120,13 @@ class EdgeHalf:
         rule = self.s.rule
         summarize = self.summarize()
         known = None if summarize is None else self.summary or summarize(self.logits[None])[0]
-        if rule.edge_distribution is not None:  # Q-S / S-Q: the quantized distribution travels
+        if rule.edge_distribution is not None:  # Q-S / S-Q: drawn from the lattice point, which travels
             lattice = rule.lattice()
             if not isinstance(known, SampledRow) or known.lattice != lattice:  # (the level moved since)
                 known = sampled_rows(self.logits[None], self.s.temperature, self.entropy_temperature, lattice)[0]
-            q = rule.take(known.counts)
-            tok = draw_from(known.cdf, self.rng)
-            stats, _ = known.stats(tok)
-        elif isinstance(known, SampledRow):  # drawn as `pick` draws
-            tok = draw_from(known.cdf, self.rng)
-            stats, q = known.stats(tok)
-            q = q.float() if needs_q else None  # (a SampledRow's law is on the CPU already)
+        if isinstance(known, SampledRow):  # drawn as `pick` draws
+            tok = self._draw(known)
+            stats, q = self._sampled(known, tok, needs_q)
         elif known is not None and not needs_q:  # (the prefill's logits are not summarized: done here)
             stats = known
             tok, q = stats.token, None
@@ -142,6 +138,17 @@ class EdgeHalf:
         if feed:
             self.feed_drafted(block)
         return tok
+
+    def _draw(self, row: SampledRow) -> int:
+        return draw_from(row.cdf, self.rng)
+
+    def _sampled(self, row: SampledRow, tok: int, needs_q: bool) -> tuple[TokenStats, torch.Tensor | None]:
+        """The statistics of `tok` drawn from `row`, and the q that travels with it (Q-S / S-Q:
+        the row's lattice point)."""
+        if self.s.rule.edge_distribution is not None:
+            return row.stats(tok)[0], self.s.rule.take(row.counts)
+        stats, p = row.stats(tok)
+        return stats, p.float() if needs_q else None  # (a SampledRow's law is on the CPU already)
 
     def _drafted(self, block: Block, stats: TokenStats, q: torch.Tensor | None) -> None:
         """`stats.token` drafted into `block` with its statistics, `q` when it travels, and (with
@@ -155,35 +162,40 @@ class EdgeHalf:
 
     def draft_block(self, block: Block, budget: int, needs_q: bool) -> None:
         """Draft into `block` until it holds `budget` tokens or ends the caption, every token fed
-        back as `draft` feeds it. A greedy edge that sends no q asks its session for the whole run
-        at once (`Session.extend_run`: a batching executor continues it at each step without
-        coming back here); otherwise token by token."""
+        back as `draft` feeds it. An edge that knows each next token from the summary of the forward
+        before it (a greedy draft's statistics when no q travels, a sampling draft's row) drafts the
+        first token and asks its session for the rest as one run (`Session.extend_run`: a batching
+        executor continues it at each step without coming back here); otherwise token by token."""
         eos = self.lm.eos_token_id
-        if self.greedy_summary is None or needs_q:
+        summarize = self.summarize()
+        greedy = self.greedy_summary is not None
+        if summarize is None or (greedy and needs_q):
             while len(block) < budget and self.draft(block, needs_q) != eos:
                 pass
             return
         if len(block) >= budget:
             return
-        first = self.summary or self.greedy_summary(self.logits[None])[0]
-        self._drafted(block, first, None)
-        if first.token == eos:
+        tok = self.draft(block, needs_q, feed=False)
+        if tok == eos:
             if self.keep_hidden:
                 block.hidden.append(None)
             return
-        run = self.books.forward_run("edge", self.sess, [first.token], self.greedy_summary, budget - len(block) + 1,
-                                     eos, self.keep_hidden or self.keep_context, scale=self.s.edge_time_scale)
+        run = self.books.forward_run("edge", self.sess, [tok], summarize, budget - len(block) + 1, eos,
+                                     self.keep_hidden or self.keep_context, scale=self.s.edge_time_scale,
+                                     choose=summary_token if greedy else self._draw)
         self.logits, self.summary = run.logits, run.summaries[-1]
         self.cached += run.forwards
-        for j, stats in enumerate(run.summaries):  # forward j fed the block's last token; `stats` is the next's
+        for j, row in enumerate(run.summaries):  # forward j fed the block's last token; `row` drafts the next
             if self.keep_hidden:  # as it travels: float16, on the CPU
                 block.hidden.append(run.hidden[j].half().float().cpu())
             if self.keep_context:
                 self.state = run.hidden[j]
             if len(block) == budget:  # the run's last summary: the next block's first token
                 break
-            self._drafted(block, stats, None)
-            if stats.token == eos:  # drafted, never fed
+            tok = run.tokens[j]
+            stats, q = (row, None) if greedy else self._sampled(row, tok, needs_q)
+            self._drafted(block, stats, q)
+            if tok == eos:  # drafted, never fed
                 if self.keep_hidden:
                     block.hidden.append(None)
                 break

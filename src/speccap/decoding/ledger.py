@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..metrics.system import ResourceMonitor
-from ..models.base import AudioLM, Run, Session
+from ..models.base import AudioLM, Run, Session, summary_token
 from .cost import CostModel, Work
 from .link import Link
 from .verify import examined
@@ -192,7 +192,8 @@ class Ledger:
         return out
 
     def forward_run(self, role: str, session: Session, ids: list[int], summarize, steps: int, stop: int,
-                    hidden: bool = False, scale: float = 1.0, before: Callable[[Run, int], None] | None = None) -> Run:
+                    hidden: bool = False, scale: float = 1.0, before: Callable[[Run, int], None] | None = None,
+                    choose: Callable[[object], int] = summary_token) -> Run:
         """A greedy run (`session.extend_run`) on the clock: each of its forwards booked as `forward`
         books one, in turn, after `before(run, j)` has booked what came before forward j (the same
         events in the same order, so the same sums to the bit, as forwards called one by one)."""
@@ -200,7 +201,7 @@ class Ledger:
 
         def works(run: Run) -> list[Work]:  # the first forward reads `ids`, each later one a token
             return [Work(role, len(ids), length)] + [Work(role, 1, length + len(ids) + j) for j in range(run.forwards - 1)]
-        run, charged = self.clock.measure_each(session.extend_run, ids, summarize, steps, stop, hidden,
+        run, charged = self.clock.measure_each(session.extend_run, ids, summarize, steps, stop, hidden, choose,
                                                scale=scale, works=works)
         for j, (dt, work) in enumerate(charged):
             if before is not None:

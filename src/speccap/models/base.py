@@ -35,16 +35,32 @@ class StepOutput:
 
 @dataclass
 class Run:
-    """What a greedy run (`Session.extend_run`) made: one forward for the ids it was given, then
-    one for each token a forward's summary gave."""
+    """What a run (`Session.extend_run`) made: one forward for the ids it was given, then one for
+    each token chosen from a forward's summary."""
 
-    summaries: list  # of each forward's last position (summaries[j] gave the token forward j + 1 fed)
+    summaries: list  # of each forward's last position
+    # the token chosen from each forward's summary while the run went on: tokens[j] was fed by forward
+    # j + 1, or is the stop token that ended the run (never fed); none from the last forward of a
+    # run that ran all its steps (a sampling edge draws that one when it drafts it)
+    tokens: list[int]
     logits: torch.Tensor  # (V,) the last forward's last position: the next-token logits after the run
     hidden: list[torch.Tensor] | None = None  # (H,) float32 each forward's last hidden state, when asked for
 
     @property
     def forwards(self) -> int:
         return len(self.summaries)
+
+    def goes_on(self, summary, hidden: torch.Tensor | None, choose: Callable[[object], int], steps: int,
+                stop: int) -> bool:
+        """A forward of the run is done (`summary` of its last position, its `hidden` states): keep
+        them; True while the run goes on, its next token `tokens[-1]`."""
+        self.summaries.append(summary)
+        if self.hidden is not None:
+            self.hidden.append(hidden[-1])
+        if len(self.summaries) == steps:
+            return False
+        self.tokens.append(choose(summary))
+        return self.tokens[-1] != stop
 
 
 def summary_token(summary) -> int:
@@ -78,25 +94,22 @@ class Session(ABC):
         each row what it gives that row alone."""
 
     def extend_run(self, token_ids: list[int], summarize: Summarize, steps: int, stop: int,
-                   return_hidden: bool = False) -> Run:
-        """Extend by `token_ids`, then by the token each forward's summary gives (`summary_token`),
-        until `steps` forwards ran or a summary gives `stop` (never fed): a greedy draft or caption
-        in one call. A batching executor continues the run at each of its steps without returning
-        to the caller, so the caller's per-token work is done once per run."""
+                   return_hidden: bool = False, choose: Callable[[object], int] = summary_token) -> Run:
+        """Extend by `token_ids`, then by the token `choose` picks from each forward's summary (the
+        greedy token, `summary_token`, or a sampling edge's draw), until `steps` forwards ran or the
+        token picked is `stop` (never fed): a draft or a caption in one call. A batching executor
+        continues the run at each of its steps without returning to the caller, so the caller's
+        per-token work is done once per run."""
         if steps < 1:
             raise ValueError(f"a run needs at least one forward, got steps={steps}")
-        summaries: list = []
-        hidden: list[torch.Tensor] | None = [] if return_hidden else None
+        run = Run([], [], None, [] if return_hidden else None)
         ids = list(token_ids)
         while True:
             out = self.extend(ids, return_hidden, summarize)
-            summaries.append(out.summary)
-            if hidden is not None:
-                hidden.append(out.hidden[-1])
-            tok = summary_token(out.summary)
-            if len(summaries) == steps or tok == stop:
-                return Run(summaries, out.logits[-1], hidden)
-            ids = [tok]
+            if not run.goes_on(out.summary, out.hidden, choose, steps, stop):
+                run.logits = out.logits[-1]
+                return run
+            ids = [run.tokens[-1]]
 
     @abstractmethod
     def rollback(self, n: int) -> None:
