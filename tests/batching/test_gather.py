@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from speccap.batching.gather import Gather
+from speccap.decoding.stats import greedy_stats
 
 from ..models.conftest import tiny_lm
 
@@ -107,3 +108,31 @@ def test_bad_settings_are_refused():
         Gather(0)
     with pytest.raises(ValueError, match=">= 0 seconds"):
         Gather(4, -1.0)
+
+
+def test_a_run_goes_on_at_each_forward_and_its_caller_gets_it_whole():
+    """`extend_run` through the gather, from submitted work and from other threads alike: the run is
+    asked again at each forward until it ends, and its caller gets the whole run, the tokens its
+    session alone feeds."""
+    lm = tiny_lm("qwen2_5_omni")
+    clips = _clips(4, ((150, "en"), (90, "zh"), (200, "en")))
+    alone = [lm.start(*clip).extend_run([5], greedy_stats, 4 + i, -1) for i, clip in enumerate(clips)]
+    g = Gather(max_batch=4, window_s=0.2)
+    try:
+        stepped = g.wrap(lm)
+
+        def work(i):
+            return stepped.start(*clips[i]).extend_run([5], greedy_stats, 4 + i, -1)
+
+        futures = [g.submit(work, i) for i in range(2)]
+        got = [None] * len(clips)
+        thread = threading.Thread(target=lambda: got.__setitem__(2, work(2)))
+        thread.start()
+        thread.join(timeout=60)
+        got[:2] = [f.result(timeout=60) for f in futures]
+        for run, want in zip(got, alone):
+            assert run.forwards == want.forwards and run.tokens == want.tokens
+            torch.testing.assert_close(run.logits, want.logits, atol=1e-4, rtol=1e-4)
+        assert g.forwards >= max(run.forwards for run in alone)
+    finally:
+        g.close()

@@ -142,3 +142,18 @@ def test_a_plan_replaces_the_violators_it_names_by_their_order():
     assert Rank(1, plan=frozenset({0})).describe() == {"rule": "greedy", "rank": 1, "plan": [0]}
     with pytest.raises(ValueError, match="one of the two"):
         Rank(1, max_corrections=1, plan=frozenset({0}))
+
+
+def test_a_rank_rule_given_its_ranks_judges_as_it_does_from_the_rows():
+    """`verify(..., ranks)`: what a verification's forward brings (models.base.fed_ranks) gives the
+    verdict the rows give, corrections, bonus and an allowance's tolerance alike."""
+    g = torch.Generator().manual_seed(3)
+    for trial in range(200):
+        n = 1 + trial % 6
+        rows = torch.randint(0, 6, (n + 1, 30), generator=g).float()
+        draft = torch.randint(0, 30, (n,), generator=g).tolist()
+        for make in (lambda: Rank(1), lambda: Rank(3), lambda: Rank(2, 1)):
+            a, b = make(), make()
+            want = a.verify(draft, rows, None, eos=29, rng=None)
+            got = b.verify(draft, rows, None, eos=29, rng=None, ranks=cloud_ranks(rows, draft))
+            assert got == want

@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from greenlet import getcurrent, greenlet
 
 from ..models.base import AudioLM
-from .lockstep import step_all, stepped
+from .lockstep import GOES_ON, settled, step_all, stepped
 from .row_pool import RowPool
 
 
@@ -60,7 +60,11 @@ class Gather:
         """A model call: from work run here, parks that work until the next forward; from any other
         thread, queues it and waits. Returns its result (raised here if it failed)."""
         if threading.current_thread() is self.thread:
-            return ask.run(ask.pool, [ask])[0] if getcurrent() is self.hub else self.hub.switch(ask)
+            if getcurrent() is not self.hub:
+                return self.hub.switch(ask)
+            while (out := settled(ask, ask.run(ask.pool, [ask])[0])) is GOES_ON:
+                pass
+            return out
         done: Future = Future()
         self.queue.put((None, ask, done))
         return done.result()
@@ -100,13 +104,17 @@ class Gather:
         return False
 
     def _step(self, pending: list) -> list:
-        """One forward over the pending calls; each caller resumed with its result. Returns the calls
-        pending after it (work that asked again)."""
+        """One forward over the pending calls; each caller resumed with its result (a run's caller
+        once the run has ended). Returns the calls pending after it (work that asked again, runs
+        that go on)."""
         results = step_all([call for _, call in pending])
         self.forwards += 1
         self.calls += len(pending)
         left = []
-        for (who, _), out in zip(pending, results):
+        for (who, call), out in zip(pending, results):
+            if not isinstance(out, Exception) and (out := settled(call, out)) is GOES_ON:
+                left.append((who, call))  # a run goes on at the next forward, its caller not resumed
+                continue
             if isinstance(who, Future):
                 who.set_exception(out) if isinstance(out, Exception) else who.set_result(out)
                 continue

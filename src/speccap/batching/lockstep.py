@@ -28,30 +28,31 @@ import numpy as np
 import torch
 from greenlet import getcurrent, greenlet
 
-from ..models.base import AudioLM, Run, Session, StepOutput, Summarize, summary_token
+from ..models.base import AudioLM, Run, Session, StepOutput, Summarize, fed_ranks, summary_token
 from .row_pool import Prefilled, RowPool, batchable
 from .step_graphs import Invariant
 
 
 class _Ask:
-    """A loop's pending extension: tokens for a row of a pool, and what to make of the last
-    position's logits (`summarize`, see Session.extend), if anything. A greedy run's ask
+    """A loop's pending extension: tokens for a row of a pool, what to make of the last position's
+    logits (`summarize`, see Session.extend), if anything, and the row to rank the tokens after
+    (`rank_after`, a verification's), if any. A run's ask
     (`Session.extend_run`: `steps` set) is asked again in place at the next step with the token
     its summary gave (`follow`), until the run ends: the loop resumes once per run."""
 
-    __slots__ = ("pool", "row", "ids", "summarize", "steps", "stop", "choose", "made")
+    __slots__ = ("pool", "row", "ids", "summarize", "rank_after", "steps", "stop", "choose", "made")
 
     def __init__(self, pool: RowPool, row: int, ids: list[int], summarize: Summarize | None = None,
-                 steps: int | None = None, stop: int = -1, hidden: bool = False,
-                 choose: Callable[[object], int] = summary_token):
-        self.pool, self.row, self.ids, self.summarize = pool, row, ids, summarize
+                 rank_after: torch.Tensor | None = None, steps: int | None = None, stop: int = -1,
+                 hidden: bool = False, choose: Callable[[object], int] = summary_token):
+        self.pool, self.row, self.ids, self.summarize, self.rank_after = pool, row, ids, summarize, rank_after
         self.steps, self.stop, self.choose = steps, stop, choose
         self.made = None if steps is None else Run([], [], None, [] if hidden else None)  # a run's, so far
 
     def follow(self, out: tuple) -> bool:
         """A run's forward is done (`out`: its logits, hidden states and summary): keep what the run
         returns of it; True while the run goes on (its next token is asked in place)."""
-        logits, hidden, summary = out
+        logits, hidden, summary, _ = out
         # copies: the step's outputs are views of the whole batch's
         kept = hidden[-1:].clone().float() if self.made.hidden is not None else None
         if self.made.goes_on(summary, kept, self.choose, self.steps, self.stop):
@@ -62,11 +63,21 @@ class _Ask:
 
     @staticmethod
     def run(pool: RowPool, asks: list[_Ask]) -> list:
-        """(logits, hidden, summary) for each ask: one forward, then one `summarize` call per
-        function over the last positions of every row that asked with it."""
+        """(logits, hidden, summary, ranks or None) for each ask: one forward, then one
+        `summarize` call per function over the last positions of every row that asked with it, and
+        one ranking (`fed_ranks`) of every ask's tokens that asked for it."""
         outs = pool.run([(a.row, a.ids) for a in asks])
         made = _summaries(pool, [a.summarize for a in asks], [logits[-1] for logits, _ in outs])
-        return [(logits, hidden, summary) for (logits, hidden), summary in zip(outs, made)]
+        ranked: list = [None] * len(asks)
+        verifying = [i for i, a in enumerate(asks) if a.rank_after is not None]
+        if verifying:
+            t0 = time.perf_counter()
+            each = fed_ranks([asks[i].rank_after for i in verifying], [outs[i][0] for i in verifying],
+                             [asks[i].ids for i in verifying])
+            for i, r in zip(verifying, each):
+                ranked[i] = r
+            pool.seconds["summary"] += time.perf_counter() - t0
+        return [(logits, hidden, summary, r) for (logits, hidden), summary, r in zip(outs, made, ranked)]
 
 
 def _summaries(pool: RowPool, fns: list[Summarize | None], rows: list[torch.Tensor]) -> list:
@@ -161,10 +172,9 @@ class Lockstep:
     def ask(self, ask: _Ask | _Start | _Score):
         """A loop's model call: parks the loop until the next step (outside `map`, runs at once)."""
         if self.hub is None or getcurrent() is self.hub:
-            out = ask.run(ask.pool, [ask])[0]
-            while _continues(ask, out):
-                out = ask.run(ask.pool, [ask])[0]
-            return ask.made if _is_run(ask) else out
+            while (out := settled(ask, ask.run(ask.pool, [ask])[0])) is GOES_ON:
+                pass
+            return out
         return self.hub.switch(ask)  # a failed call is thrown in here (map)
 
     def map(self, fn: Callable, jobs: Iterable) -> Iterator:
@@ -208,10 +218,10 @@ def _step(live: list[tuple[greenlet, object]]) -> tuple[list, list]:
             g, ask = pending[k]
             if isinstance(res, Exception):  # a call that failed raises inside its loop, where its own handling sees it
                 out = g.throw(res)
-            elif _continues(ask, res):  # a greedy run goes on at the next step, without its loop
+            elif (res := settled(ask, res)) is GOES_ON:  # a run goes on at the next step, without its loop
                 continue
             else:
-                out = g.switch(ask.made if _is_run(ask) else res)
+                out = g.switch(res)
             pending[k] = None if g.dead else (g, out)
             if g.dead:
                 ended.append((k, out))
@@ -219,13 +229,17 @@ def _step(live: list[tuple[greenlet, object]]) -> tuple[list, list]:
     return [p for p in pending if p is not None], [out for _, out in sorted(ended, key=lambda e: e[0])]
 
 
-def _is_run(ask) -> bool:
-    return isinstance(ask, _Ask) and ask.steps is not None
+# what `settled` says of a run that goes on
+GOES_ON = object()
 
 
-def _continues(ask, out) -> bool:
-    """Whether `ask`, a greedy run's, goes on after the forward that gave `out`."""
-    return _is_run(ask) and ask.follow(out)
+def settled(ask, out):
+    """What the caller of `ask` gets for `out`, the result of its forward: `out` itself, or for a
+    run (`Session.extend_run`) the whole run once it ended; `GOES_ON` while it goes on (its next
+    token asked in place at the next step, the caller not resumed)."""
+    if isinstance(ask, _Ask) and ask.steps is not None:
+        return GOES_ON if ask.follow(out) else ask.made
+    return out
 
 
 def step_all(asks: list[_Ask | _Start | _Score]) -> list:
@@ -343,11 +357,12 @@ class SteppedSession(Session):
         return self.pool.length(self.row) - self.prompt_len
 
     def extend(self, token_ids: list[int], return_hidden: bool = False,
-               summarize: Summarize | None = None) -> StepOutput:
+               summarize: Summarize | None = None, rank_after: torch.Tensor | None = None) -> StepOutput:
         if not token_ids:
             raise ValueError("extend() needs at least one token")
-        logits, hidden, summary = self.executor.ask(_Ask(self.pool, self.row, list(token_ids), summarize))
-        return StepOutput(logits.clone(), hidden.clone().float() if return_hidden else None, summary)
+        logits, hidden, summary, ranked = self.executor.ask(_Ask(self.pool, self.row, list(token_ids), summarize,
+                                                                 rank_after))
+        return StepOutput(logits.clone(), hidden.clone().float() if return_hidden else None, summary, ranked)
 
     def extend_run(self, token_ids: list[int], summarize: Summarize, steps: int, stop: int,
                    return_hidden: bool = False, choose: Callable[[object], int] = summary_token) -> Run:
@@ -355,7 +370,7 @@ class SteppedSession(Session):
             raise ValueError("extend_run() needs at least one token")
         if steps < 1:
             raise ValueError(f"a run needs at least one forward, got steps={steps}")
-        return self.executor.ask(_Ask(self.pool, self.row, list(token_ids), summarize, steps, stop, return_hidden,
+        return self.executor.ask(_Ask(self.pool, self.row, list(token_ids), summarize, None, steps, stop, return_hidden,
                                       choose))
 
     def rollback(self, n: int) -> None:

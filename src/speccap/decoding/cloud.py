@@ -28,6 +28,7 @@ class CloudSession:
         self.sess = None
         self.last: torch.Tensor | None = None  # distribution after the last token in its cache
         self.rows: torch.Tensor | None = None  # the last round's rows (for trace collection)
+        self.ranks: list[int] = []  # the last round's rank of each draft token under its row
         # the last round's last-layer hidden state of each draft token (when the rule or a trace asks)
         self.hidden: torch.Tensor | None = None
         self.keep_hidden = rule.needs_hidden
@@ -63,11 +64,15 @@ class CloudSession:
             if not self.cache:
                 sync = prefix  # a fresh cache needs the whole caption so far again
         fed = list(sync) + list(draft)
-        out, dt = measure(self.sess.extend, fed, self.keep_hidden, work=Work("cloud", len(fed), self.sess.length))
+        # the ranks of the fed tokens come with the forward (a batching executor ranks a step's
+        # verifications at once): what the rank rules read of the rows
+        out, dt = measure(self.sess.extend, fed, self.keep_hidden, None, self.last,
+                          work=Work("cloud", len(fed), self.sess.length))
         spent += dt
         positions += len(sync) + len(draft)
         rows = torch.cat([self.last[None], out.logits])[len(sync):]  # row i scores draft token i
         self.rows = rows
+        self.ranks = out.ranks[len(sync):]
         self.hidden = out.hidden[len(sync):] if self.keep_hidden else None  # state after reading draft token i
         return rows, spent, positions
 
@@ -79,7 +84,7 @@ class CloudSession:
         if self.rule.needs_hidden:
             verdict = self.rule.verify_hidden(list(draft), self.rows, edge_hidden, self.hidden, csi, eos)
         else:
-            verdict = self.rule.verify(list(draft), self.rows, q or None, eos, self.rng)
+            verdict = self.rule.verify(list(draft), self.rows, q or None, eos, self.rng, self.ranks)
         self.sess.rollback(len(draft) - verdict.accepted)
         self.last = self.rows[verdict.accepted]
         return verdict

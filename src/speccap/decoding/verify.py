@@ -71,8 +71,10 @@ class Rule(ABC):
 
     @abstractmethod
     def verify(self, draft: list[int], rows: torch.Tensor, q: list[torch.Tensor] | None, eos: int,
-               rng: np.random.Generator | None) -> Verdict:
-        ...
+               rng: np.random.Generator | None, ranks: list[int] | None = None) -> Verdict:
+        """The verdict on `draft` from the cloud's `rows` (row i scores draft token i; one more after
+        the last). `ranks`: `cloud_ranks(rows, draft)`, where the caller has them from its forward
+        (models.base.fed_ranks); computed here otherwise."""
 
     def describe(self) -> dict:
         return {"rule": self.name}
@@ -111,18 +113,18 @@ class Rank(Rule):
             return self
         return Rank(self.r, self.max_corrections, None if self.max_corrections is not None else self.plan)
 
-    def verify(self, draft, rows, q, eos, rng) -> Verdict:
-        ranks, tolerated = [], 0
-        for i, rank in enumerate(cloud_ranks(rows, draft)):
-            ranks.append(rank)
+    def verify(self, draft, rows, q, eos, rng, ranks=None) -> Verdict:
+        seen, tolerated = [], 0
+        for i, rank in enumerate(cloud_ranks(rows, draft) if ranks is None else ranks):
+            seen.append(rank)
             if rank > self.r:
                 met, self.met = self.met, self.met + 1
                 if self.plan is None or met in self.plan:
-                    return Verdict(i, int(torch.argmax(rows[i])), True, ranks, tolerated=tolerated)
+                    return Verdict(i, int(torch.argmax(rows[i])), True, seen, tolerated=tolerated)
                 tolerated += 1  # not in the plan: the edge's token stands
         if (draft and draft[-1] == eos) or self.plan is not None:  # ended, or no bonus (an oracle's plan)
-            return Verdict(len(draft), None, False, ranks, tolerated=tolerated)
-        return Verdict(len(draft), int(torch.argmax(rows[len(draft)])), False, ranks, tolerated=tolerated)
+            return Verdict(len(draft), None, False, seen, tolerated=tolerated)
+        return Verdict(len(draft), int(torch.argmax(rows[len(draft)])), False, seen, tolerated=tolerated)
 
     def describe(self) -> dict:
         out = {"rule": self.name, "rank": self.r}
@@ -148,14 +150,14 @@ class SpecSampling(Rule):
     def _p(self, row: torch.Tensor) -> torch.Tensor:
         return torch.softmax(row.double() / self.temperature, dim=-1)
 
-    def verify(self, draft, rows, q, eos, rng) -> Verdict:
+    def verify(self, draft, rows, q, eos, rng, ranks=None) -> Verdict:
         if q is None or len(q) != len(draft):
             raise ValueError("spec_sampling needs the draft distribution of every drafted token")
         # the block's laws and ranks in one tensor operation each (a row gets the numbers it gets
         # alone); each token's test then reads plain floats
         laws = self._p(rows[: len(draft) + 1])
         p_draft = laws[list(range(len(draft))), draft].tolist()
-        all_ranks = cloud_ranks(rows, draft)
+        all_ranks = cloud_ranks(rows, draft) if ranks is None else list(ranks)
         for i, tok in enumerate(draft):
             q_tok = float(q[i][tok])  # 0 only where a float16 q underflowed: then accepted, p / 0 being inf
             if rng.random() >= min(1.0, p_draft[i] / q_tok if q_tok else math.inf):

@@ -31,6 +31,25 @@ class StepOutput:
     hidden: torch.Tensor | None = None
     # what the caller's `summarize` made of the last position's logits, when asked for
     summary: object = None
+    # with `rank_after` (a verification): ranks[i], the rank of input token i under the row before it
+    # (`rank_after` for the first)
+    ranks: list[int] | None = None
+
+
+def fed_ranks(before: list[torch.Tensor], logits: list[torch.Tensor], fed: list[list[int]]) -> list[list[int]]:
+    """For each (row before, (n, V) logits after each of `fed`'s n tokens): the rank of each fed token
+    under the row before it (1 + the tokens scored strictly higher), in one pass over all of them: a
+    batching executor ranks a step's verifications at once. Counts are exact, so each gets what it
+    gets alone."""
+    rows = torch.cat([r for b, x in zip(before, logits) for r in (b[None], x)])
+    scored = [t for ids in fed for t in (*ids, 0)]  # each row's next fed token (none after the last: 0)
+    own = rows.gather(1, torch.tensor(scored, device=rows.device)[:, None])
+    ranks = ((rows > own).sum(1) + 1).tolist()
+    out, at = [], 0
+    for ids in fed:
+        out.append(ranks[at:at + len(ids)])
+        at += len(ids) + 1
+    return out
 
 
 @dataclass
@@ -86,12 +105,14 @@ class Session(ABC):
 
     @abstractmethod
     def extend(self, token_ids: list[int], return_hidden: bool = False,
-               summarize: Summarize | None = None) -> StepOutput:
+               summarize: Summarize | None = None, rank_after: torch.Tensor | None = None) -> StepOutput:
         """`summarize`: a function of (k, V) logits rows giving one result per row, applied to the
         last position's logits (`StepOutput.summary`). A batching executor calls it once for all the
         rows of a step that ask with the same function, so per-token work (a drafted token's
         statistics) is one tensor operation per step, not one per caption; it must therefore give
-        each row what it gives that row alone."""
+        each row what it gives that row alone. `rank_after`, the (V,) row before the first token (a
+        verification's: the cache's last distribution): rank every token fed under the row before it
+        (`StepOutput.ranks`; `fed_ranks`, once per step for a batch)."""
 
     def extend_run(self, token_ids: list[int], summarize: Summarize, steps: int, stop: int,
                    return_hidden: bool = False, choose: Callable[[object], int] = summary_token) -> Run:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from . import fast_step, language_mask
-from .base import AudioLM, Session, StepOutput, Summarize
+from .base import AudioLM, Session, StepOutput, Summarize, fed_ranks
 
 
 @dataclass
@@ -332,7 +332,7 @@ class ThinkerSession(Session):
 
     @torch.inference_mode()
     def extend(self, token_ids: list[int], return_hidden: bool = False,
-               summarize: Summarize | None = None) -> StepOutput:
+               summarize: Summarize | None = None, rank_after: torch.Tensor | None = None) -> StepOutput:
         if not token_ids:
             raise ValueError("extend() needs at least one token")
         n = len(token_ids)
@@ -351,6 +351,8 @@ class ThinkerSession(Session):
         made = step_output(self.lm, self.blocked, logits, hidden, return_hidden)
         if summarize is not None:
             made.summary = summarize(made.logits[-1:])[0]
+        if rank_after is not None:
+            made.ranks = fed_ranks([rank_after], [made.logits], [list(token_ids)])[0]
         return made
 
     def rollback(self, n: int) -> None:

@@ -59,7 +59,7 @@ class WISV(Rule):
         """What the OPEN packet's rank field carries for WISV: the rank cap (1: none)."""
         return self.max_rank or 1
 
-    def verify(self, draft, rows, q, eos, rng) -> Verdict:
+    def verify(self, draft, rows, q, eos, rng, ranks=None) -> Verdict:
         raise ValueError("wisv verifies with hidden states and the channel state: call verify_hidden")
 
     @staticmethod
