@@ -239,9 +239,10 @@ def _by_family(r: dict) -> list[str]:
     return lines + ["", "Each executor runs edge-only and cloud-only first, so they also pay for encoding every "
                         "clip's audio once per model (kept for the later configurations, `sweep.audio_cache_mb`), and "
                         "their few seconds move most with the machine's noise. A sampling rule's laws, their cumulative "
-                        "distributions and Q-S's lattice points come with the step, but its edge still draws each "
-                        "token with the caption's own generator and packs it for the wire, and the cloud judges it, "
-                        "one token at a time in each caption's loop: work a shared forward does not take over."]
+                        "distributions, Q-S's lattice points and the draws of a block's run (`Session.extend_run`) come "
+                        "with the step, but its edge still books each drafted token's statistics and packs its q for "
+                        "the wire, and the cloud judges each token against its q, in each caption's loop: work a shared "
+                        "forward does not take over."]
 
 
 def plot(r: dict, path: Path) -> None:
