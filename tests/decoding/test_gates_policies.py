@@ -30,13 +30,17 @@ def test_token_stats():
 
 def test_greedy_stats_are_token_stats_of_each_rows_greedy_token():
     """Batched over rows, to the bit: blocked ids, a tie for the top (the first index wins, as
-    `pick` takes it), a sharp and a flat row."""
+    `pick` takes it), a sharp and a flat row, runners-up a float32 step below the top, and ids
+    blocked with -inf."""
     torch.manual_seed(3)
     rows = torch.randn(6, 500) * 3
     rows[:, :100] = -1e9
     rows[1, 200] = rows[1, 300] = 40.0
     rows[2] = 0.0
     rows[3, 123] = 80.0
+    rows[4, 400:410] = 30.0
+    rows[4, 405] = float(np.nextafter(np.float32(30.0), np.float32(31.0)))
+    rows[5, 100:200] = -math.inf
     got = greedy_stats(rows)
     for row, stats in zip(rows, got):
         want, _ = token_stats(row, int(torch.argmax(row)), 0.0)

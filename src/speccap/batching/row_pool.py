@@ -103,6 +103,9 @@ class RowPool:
             # are masked in one operation per step, not one per caption
             self.blocked = torch.zeros((rows, self.step.lm_head.shape[0]), dtype=torch.bool, device=lm.device)
         self.lengths = [0] * rows  # positions each row holds: the cache's lengths, readable without a device read
+        # positions rolled back from each row since the cache's lengths were last written: a loop
+        # rolls back between forwards, and the next forward writes them all in one operation
+        self.rolled: dict[int, int] = {}
         self.free = list(range(rows))  # a heap: the lowest free row is handed out first
         # the verifier server's request threads roll rows back and free them while its executor's
         # thread steps (batching.gather): every use of the cache holds this (reentrant: a session
@@ -175,6 +178,7 @@ class RowPool:
 
     @_guarded
     def release(self, row: int) -> None:
+        self.rolled.pop(row, None)
         self.cache.lengths[row] = 0
         self.lengths[row] = 0
         heapq.heappush(self.free, row)
@@ -186,8 +190,18 @@ class RowPool:
 
     @_guarded
     def rollback(self, row: int, n: int) -> None:
-        self.cache.rollback(row, n)
+        if n < 0 or n > self.lengths[row]:
+            raise ValueError(f"cannot roll row {row} back by {n}: it holds {self.lengths[row]} tokens")
         self.lengths[row] -= n
+        self.rolled[row] = self.rolled.get(row, 0) + n
+
+    def _write_rollbacks(self) -> None:
+        """The rollbacks since the last forward, written to the cache's lengths at once."""
+        if self.rolled:
+            rows = torch.tensor(list(self.rolled), device=self.cache.lengths.device)
+            self.cache.lengths[rows] -= torch.tensor(list(self.rolled.values()), device=rows.device,
+                                                     dtype=self.cache.lengths.dtype)
+            self.rolled.clear()
 
     @_guarded
     def run(self, asks: list[tuple[int, list[int]]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -196,6 +210,7 @@ class RowPool:
         `extend` gives them, and last hidden states (n, hidden)), in the order asked: views of the
         batch's outputs (a caller that keeps one copies it, so as not to keep the whole batch alive)."""
         t0 = time.perf_counter()
+        self._write_rollbacks()
         top = max(row for row, _ in asks) + 1
         n = max(len(ids) for _, ids in asks)
         # padding writes past a row's end too, in every row the step runs over

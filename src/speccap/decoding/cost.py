@@ -20,8 +20,8 @@ import functools
 import json
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from scipy.optimize import nnls
@@ -29,9 +29,9 @@ from scipy.optimize import nnls
 ROLES = ("edge", "cloud")
 
 
-@dataclass(frozen=True)
-class Work:
-    """One model call as the cost model sees it."""
+class Work(NamedTuple):
+    """One model call as the cost model sees it (a tuple: a caption makes one per forward, and the
+    cost model keys its charges by it)."""
 
     role: str  # "edge" or "cloud"
     new: int  # audio frames for a prefill, tokens for an extend

@@ -90,11 +90,12 @@ def greedy_stats(logits: torch.Tensor, entropy_temperature: float | None = None)
     p = logp.exp()
     top2 = torch.topk(p, 2, dim=-1).values
     lp = logp.gather(-1, tok[:, None])
-    rank = (logp > lp).sum(-1) + 1
     entropy = _entropy(logp, p) if entropy_temperature is None else \
         _entropy(torch.log_softmax(logits.double() / entropy_temperature, dim=-1))
     numbers = torch.stack([entropy, top2[:, 0], top2[:, 0] - top2[:, 1], lp[:, 0]], -1).tolist()
-    return [TokenStats(t, *row, r) for t, row, r in zip(tok.tolist(), numbers, rank.tolist())]
+    # rank 1, as `token_stats` counts it: subtracting one number from every logit never puts one
+    # above another that was not already (a NaN compares above nothing)
+    return [TokenStats(t, *row, 1) for t, row in zip(tok.tolist(), numbers)]
 
 
 @functools.cache
