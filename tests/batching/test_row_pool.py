@@ -75,6 +75,19 @@ def test_row_lengths_and_seconds_follow_every_step():
     pool.release(rows[2])
     assert pool.lengths == [int(n) for n in pool.cache.lengths]
     assert pool.seconds["run"] > 0 and pool.steps == 2 and pool.asked == 4
+    # rollbacks reach the cache at the next forward: two of one row add up, a released row's are dropped
+    held = pool.length(rows[1])
+    pool.rollback(rows[1], 1)
+    pool.rollback(rows[1], 2)
+    pool.rollback(rows[0], 1)
+    pool.release(rows[0])
+    with pytest.raises(ValueError, match="cannot roll row"):
+        pool.rollback(rows[1], pool.length(rows[1]) + 1)
+    again = pool.prefill([(*_features()[0], False)])[0]  # into the released row
+    pool.run([(rows[1], [9])])
+    assert again.row == rows[0] and pool.length(again.row) == again.prompt_len
+    assert pool.length(rows[1]) == held - 3 + 1
+    assert pool.lengths == [int(n) for n in pool.cache.lengths]
 
 
 def test_a_compact_step_over_few_rows_computes_what_the_full_step_does():
