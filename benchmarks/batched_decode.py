@@ -79,21 +79,30 @@ def _decode(params_file: Path, batch: int, threads: int, configs, clips, lockste
             ) -> tuple[dict, float, float, dict | None, dict]:
     """Every configuration on its language's clips through the stage's worker job (`lockstep` as
     Pool's); returns the records by (configuration, clip), this process's CPU seconds, the wall
-    seconds, (batched) the wall seconds inside the executor's forwards and prefills, and the CPU
-    seconds by `family`."""
+    seconds, (batched) the wall seconds inside the executor's forwards and prefills (with, by
+    `family`, the wall seconds its configurations took and the part of them in the executor's
+    forwards, prefills and step statistics), and the CPU seconds by `family`."""
     pool = Pool(str(params_file), workers=0, threads=threads, batch=batch, lockstep=lockstep)
     records, cpu, wall, by_family = {}, 0.0, 0.0, {}
+    executor_by_family: dict[str, list[float]] = {}  # kind: [wall seconds, of them in the executor's model work]
     for cfg in tqdm(configs, desc=f"batch {batch}", unit="config", leave=False):
         jobs = [(cfg, c["id"]) for c in clips[cfg.language]]
+        before = _pool_seconds(batch) if batch > 1 else None
         c0, w0 = time.process_time(), time.perf_counter()
         made = list(pool.imap(jobs))
-        spent = time.process_time() - c0
+        spent, took = time.process_time() - c0, time.perf_counter() - w0
         cpu += spent
-        wall += time.perf_counter() - w0
+        wall += took
         by_family[family(cfg)] = by_family.get(family(cfg), 0.0) + spent
+        if before is not None:
+            after = _pool_seconds(batch)
+            mine = executor_by_family.setdefault(family(cfg), [0.0, 0.0])
+            mine[0] += took
+            mine[1] += sum(after[k] - before[k] for k in ("run", "prefill", "summary"))
         records.update(((cfg.name, rec["id"]), rec) for rec in made)
     # each Pool loads its own models, so this executor and its pools served these jobs alone
-    return records, cpu, wall, _pool_seconds(batch) if batch > 1 else None, by_family
+    seconds = None if batch == 1 else {**_pool_seconds(batch), "by_family": executor_by_family}
+    return records, cpu, wall, seconds, by_family
 
 
 def _gap(edge, cloud, mel, lang: str, prefix: list[int]) -> float:
@@ -165,7 +174,8 @@ def _profile(spent: dict | None, wall: float) -> dict | None:
         return None
     forwards, prefill, statistics = spent["run"] / wall, spent["prefill"] / wall, spent["summary"] / wall
     return {"forwards": forwards, "prefill": prefill, "statistics": statistics,
-            "loops": 1.0 - forwards - prefill - statistics, "compacted": spent["compacted"] / max(spent["steps"], 1)}
+            "loops": 1.0 - forwards - prefill - statistics, "compacted": spent["compacted"] / max(spent["steps"], 1),
+            "loops_by_family": {kind: 1.0 - model / took for kind, (took, model) in spent.get("by_family", {}).items()}}
 
 
 def markdown(r: dict) -> str:
@@ -236,6 +246,13 @@ def _by_family(r: dict) -> list[str]:
     for kind, s in single.items():
         cells = [f"{row['cpu_by_family'][kind]:.1f} ({s / row['cpu_by_family'][kind]:.2f}x)" for row in batched]
         lines.append(f"| {kind} | {s:.1f} | " + " | ".join(cells) + " |")
+    lines += ["", "The loops' own share of each kind's batched time (as in the profile above, over its configurations "
+                  "alone):", "", "| kind | " + " | ".join(f"B = {row['batch']}" for row in batched) + " |",
+              "|---|" + "---|" * len(batched)]
+    for kind in single:
+        lines.append(f"| {kind} | " + " | ".join(
+            f"{row['profile']['loops_by_family'][kind]:.0%}" if kind in row["profile"].get("loops_by_family", {})
+            else "–" for row in batched) + " |")
     return lines + ["", "Each executor runs edge-only and cloud-only first, so they also pay for encoding every "
                         "clip's audio once per model (kept for the later configurations, `sweep.audio_cache_mb`), and "
                         "their few seconds move most with the machine's noise. A sampling rule's laws, their cumulative "
