@@ -122,3 +122,15 @@ def test_tap_sees_every_payload():
     link = Link(LinkConfig(), tap=lambda d, p: seen.append((d, p)))
     link.send(b"abc", "up")
     assert seen == [("up", b"abc")]
+
+
+def test_a_peaked_q_travels_as_numpy_casts_it_to_float16():
+    """Most of a peaked law's values are float16 subnormals (or round to 0): the payload holds the
+    bits numpy's cast gives each float32 value, whichever library casts."""
+    import torch
+    g = torch.Generator().manual_seed(3)
+    q = [torch.softmax(20 * torch.randn(300, generator=g, dtype=torch.float64), 0).float() for _ in range(4)]
+    expected = np.stack([x.numpy() for x in q]).astype(np.float16)
+    assert (expected[expected > 0] < 6.1e-5).any()  # subnormal float16 values are in the block
+    assert packets.q_payload(q) == expected.tobytes()
+    assert packets.q_payload(q, "float32") == np.stack([x.numpy() for x in q]).tobytes()

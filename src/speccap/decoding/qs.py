@@ -233,22 +233,27 @@ class QSAdaptive(LengthPolicy):
         self.t_edge, self.t_cloud = 1e-3, 1e-2  # priors until measured
         self.chosen: tuple[int, int] | None = None
 
-    def _seconds(self, length: int, level: int) -> float:
+    def _seconds(self, level: int) -> list[float]:
+        """T(L, l) of every L from 1 to l_max, at level l (what holds for every L, once)."""
         vb = packets.id_bits(self.vocab)
         q_bytes = 2 + math.ceil(self.rule.mean_nnz(level, self.vocab) * (vb + count_bits(level)) / 8)
-        up = 12 + 5 + math.ceil(length * vb / 8) + length * q_bytes + self.overhead
         down = 12 + 4 + math.ceil(vb / 8) + self.overhead
         rtt = self.link.rtt_s
-        return (length * self.t_edge + rtt / 2 + 8 * up / self.link.rate_now("up") + self.t_cloud
-                + rtt / 2 + 8 * down / self.link.rate_now("down"))
+        up_rate, down_rate = self.link.rate_now("up"), self.link.rate_now("down")
+        out = []
+        for length in range(1, self.l_max + 1):
+            up = 12 + 5 + math.ceil(length * vb / 8) + length * q_bytes + self.overhead
+            out.append(length * self.t_edge + rtt / 2 + 8 * up / up_rate + self.t_cloud
+                       + rtt / 2 + 8 * down / down_rate)
+        return out
 
     def plan(self) -> tuple[int, int, float]:
         """(L, l, expected committed tokens per second) of the best setting now."""
         best = (1, self.levels[0], -1.0)
         for level in self.levels:
             a = min(self.accepted[level] / self.checked[level], 0.999)
-            for length in range(1, self.l_max + 1):
-                rate = (1 - a ** (length + 1)) / (1 - a) / self._seconds(length, level)
+            for length, seconds in enumerate(self._seconds(level), start=1):
+                rate = (1 - a ** (length + 1)) / (1 - a) / seconds
                 if rate > best[2]:
                     best = (length, level, rate)
         return best
