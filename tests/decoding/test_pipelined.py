@@ -8,9 +8,10 @@ import torch
 
 from speccap.config import LinkConfig
 from speccap.decoding import packets
+from speccap.decoding.cost import CostModel
 from speccap.decoding.engine import speculative
 from speccap.decoding.link import Link
-from speccap.decoding.pipelined import pipelined
+from speccap.decoding.pipelined import _Loop, pipelined
 from speccap.decoding.policies import Fixed, UGSDAdaptive
 
 from .test_engine import MAX, _entropy_quantile, _spec
@@ -115,3 +116,27 @@ def test_needs_blocks_in_flight(pair, audio):
     edge, cloud = pair
     with pytest.raises(ValueError, match="in_flight >= 1"):
         pipelined(edge, cloud, audio[1], "en", _spec("always"), Link(SLOW))
+
+
+@pytest.mark.parametrize("rtt_ms", [5.0, 20.0, 400.0])  # 20 ms: the draft-ahead rule stops runs
+@pytest.mark.parametrize("draft_ahead", ["adaptive", "always"])
+def test_drafting_in_runs_books_what_drafting_token_by_token_books(pair, audio, monkeypatch, rtt_ms, draft_ahead):
+    """With a cost model the edge knows each forward's charge ahead, so it drafts as one run the
+    tokens before the next verdict arrives or the draft-ahead rule would wait: the same caption,
+    clock and record as checking between every token."""
+    edge, cloud = pair
+    cost = CostModel({r: {"prefill": [1e-3, 1e-5], "extend": [2e-3, 5e-5, 1e-7]} for r in ("edge", "cloud")})
+    link = LinkConfig(rtt_ms=rtt_ms, uplink_mbps=2.0, downlink_mbps=10.0)
+    spec = dataclasses.replace(_spec(gate="entropy", threshold=_entropy_quantile(edge, audio[1], 0.7), rule="rank",
+                                     rank=3, policy=Fixed(6)), in_flight=2, draft_ahead=draft_ahead, cost=cost)
+    runs = []
+    draft_run = _Loop._draft_run
+    monkeypatch.setattr(_Loop, "_draft_run",
+                        lambda self, block, n: (runs.append(n), draft_run(self, block, n)))
+    in_runs = pipelined(edge, cloud, audio[1], "en", copy.deepcopy(spec), Link(link))
+    assert runs and max(runs) > 1
+    monkeypatch.setattr(_Loop, "_run_length", lambda self, block: 1)
+    alone = pipelined(edge, cloud, audio[1], "en", copy.deepcopy(spec), Link(link))
+    measured = {"wall_time", "model_time", "resources"}
+    assert {k: v for k, v in vars(in_runs).items() if k not in measured} == \
+           {k: v for k, v in vars(alone).items() if k not in measured}

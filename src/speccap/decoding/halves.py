@@ -5,13 +5,14 @@ loops (engine, pipelined) and the networked edge (serving.edge) are built from t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 import torch
 
-from ..models.base import AudioLM, summary_token
+from ..models.base import AudioLM, Run, summary_token
 from ..models.generate import draw_from, pick
 from . import packets
 from .cloud import CloudSession
@@ -160,16 +161,23 @@ class EdgeHalf:
         if self.keep_context:  # float16 values, as the traces keep them (on the CPU, as they travel)
             block.context.append(self.state.half().float().cpu())
 
-    def draft_block(self, block: Block, budget: int, needs_q: bool) -> None:
+    def runs(self, needs_q: bool) -> bool:
+        """Whether `draft_block` drafts as one run: the edge knows each next token from the summary
+        of the forward before it (a greedy draft's statistics when no q travels, a sampling draft's
+        row)."""
+        return self.summarize() is not None and not (self.greedy_summary is not None and needs_q)
+
+    def draft_block(self, block: Block, budget: int, needs_q: bool,
+                    before: Callable[[Run, int], None] | None = None) -> None:
         """Draft into `block` until it holds `budget` tokens or ends the caption, every token fed
-        back as `draft` feeds it. An edge that knows each next token from the summary of the forward
-        before it (a greedy draft's statistics when no q travels, a sampling draft's row) drafts the
-        first token and asks its session for the rest as one run (`Session.extend_run`: a batching
-        executor continues it at each step without coming back here); otherwise token by token."""
+        back as `draft` feeds it. Where the edge `runs`, it drafts the first token and asks its
+        session for the rest as one run (`Session.extend_run`: a batching executor continues it at
+        each step without coming back here), `before(run, j)` called before its forward j is booked
+        (Ledger.forward_run); otherwise token by token."""
         eos = self.lm.eos_token_id
         summarize = self.summarize()
         greedy = self.greedy_summary is not None
-        if summarize is None or (greedy and needs_q):
+        if not self.runs(needs_q):
             while len(block) < budget and self.draft(block, needs_q) != eos:
                 pass
             return
@@ -182,7 +190,7 @@ class EdgeHalf:
             return
         run = self.books.forward_run("edge", self.sess, [tok], summarize, budget - len(block) + 1, eos,
                                      self.keep_hidden or self.keep_context, scale=self.s.edge_time_scale,
-                                     choose=summary_token if greedy else self._draw)
+                                     before=before, choose=summary_token if greedy else self._draw)
         self.logits, self.summary = run.logits, run.summaries[-1]
         self.cached += run.forwards
         for j, row in enumerate(run.summaries):  # forward j fed the block's last token; `row` drafts the next

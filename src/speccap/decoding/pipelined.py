@@ -23,7 +23,9 @@ token first is not worth it: when the expected time to the oldest verdict (send 
 verdict latency seen so far - now) is below (1 - hold rate) x the mean time of a drafted token,
 the token it would draft is more likely wasted than the wait is long. That rule uses only what a
 real edge knows (its own timings); on a link much faster than drafting it turns the loop back into
-the blocking one, on a slow link it drafts ahead. `always` never waits early.
+the blocking one, on a slow link it drafts ahead. `always` never waits early. With a cost model
+each forward's charge is known before it runs, so the tokens up to the first check that could act
+are drafted as one run (`_run_length`), booked as drafting them one by one books them.
 
 A token gate (`gate.level == "token"`) ends the block at the token it flags: with `verify: alone`
 the unflagged tokens are committed as drafted and the flagged one goes up alone, with `pending` all
@@ -47,6 +49,7 @@ import numpy as np
 from ..metrics.system import ResourceMonitor
 from ..models.base import AudioLM
 from . import packets
+from .cost import Work
 from .halves import CloudHalf, EdgeHalf, SpecSettings, last_token
 from .ledger import CaptionRecord, Ledger
 from .link import Link
@@ -134,8 +137,12 @@ class _Loop:
                 self.flagged = False  # token gates: the block's last token was flagged
             block = self.block
             if len(block) < self.budget and not (block.tokens and block.tokens[-1] == eos):
-                if self._not_worth_drafting():
+                if self._not_worth_drafting(self.books.now, self.token_time):
                     self._wait()
+                    continue
+                n = self._run_length(block)
+                if n > 1:
+                    self._draft_run(block, n)
                     continue
                 before = self.rec.edge_compute
                 if self.unfed is not None:  # the guess goes into the cache only when drafting needs it
@@ -164,12 +171,49 @@ class _Loop:
             if self.block is block:
                 self._escalate(block)
 
-    def _not_worth_drafting(self) -> bool:
-        if not self.inflight or self.s.draft_ahead == "always" or not self.token_time[1]:
+    def _not_worth_drafting(self, now: float, token_time: list) -> bool:
+        """The adaptive draft-ahead rule at virtual time `now`, drafted tokens having taken
+        `token_time` (sum, count)."""
+        if not self.inflight or self.s.draft_ahead == "always" or not token_time[1]:
             return False
-        due = self.inflight[0].sent + self.latency[0] / self.latency[1] - self.books.now
+        due = self.inflight[0].sent + self.latency[0] / self.latency[1] - now
         miss = 1 - self.holds[0] / self.holds[1]
-        return due < miss * self.token_time[0] / self.token_time[1]
+        return due < miss * token_time[0] / token_time[1]
+
+    def _run_length(self, block: Block) -> int:
+        """How many tokens the edge can draft now without a check between them mattering: before
+        the next would, token by token, find a verdict arrived or the draft-ahead rule saying wait.
+        Known ahead only where each forward's charge is (a cost model), a block gate decides after
+        the block, and the edge drafts as a run (EdgeHalf.runs); otherwise 1. Each forward is
+        charged and summed here as the clock and the record will sum it, so the count is the one
+        drafting token by token reaches."""
+        s = self.s
+        if s.cost is None or s.gate.level == "token" or self.unfed is not None or not self.ed.runs(s.rule.needs_q):
+            return 1
+        now, spent, token_time = self.books.now, self.rec.edge_compute, list(self.token_time)
+        length, n = self.ed.sess.length, 0
+        while n < self.budget - len(block):
+            dt = s.cost.seconds(Work("edge", 1, length + n)) * s.edge_time_scale
+            now += dt
+            token_time[0] += (spent + dt) - spent
+            token_time[1] += 1
+            spent += dt
+            n += 1
+            if (self.inflight and self.inflight[0].arrival <= now) or self._not_worth_drafting(now, token_time):
+                break
+        return max(n, 1)
+
+    def _draft_run(self, block: Block, n: int) -> None:
+        """Draft up to `n` tokens into `block` as one run (fewer where the caption ends), each
+        token's time booked as drafting it alone books it."""
+        marks: list[float] = []  # the edge's compute before each forward is booked
+        drafted = len(block)
+        self.ed.draft_block(block, len(block) + n, self.s.rule.needs_q,
+                            before=lambda run, j: marks.append(self.rec.edge_compute))
+        marks.append(self.rec.edge_compute)
+        for j in range(len(block) - drafted):  # an end token is drafted unfed: no forward, no time
+            self.token_time[0] += marks[j + 1] - marks[j] if j + 1 < len(marks) else 0.0
+            self.token_time[1] += 1
 
     def _receive(self) -> None:
         while self.inflight and self.inflight[0].arrival <= self.books.now:
