@@ -27,6 +27,7 @@ import torch
 import yaml
 from common import load_models, write_report
 from cost_model import _calibration_clips
+from greenlet import getcurrent, settrace
 from tqdm import tqdm
 
 from speccap.config import load_params
@@ -105,6 +106,30 @@ def _decode(params_file: Path, batch: int, threads: int, configs, clips, lockste
     return records, cpu, wall, seconds, by_family
 
 
+def _loops_code(params_file: Path, batch: int, threads: int, configs, clips) -> float:
+    """One more batched pass, with a tracer on the greenlets' switches: the share of its wall time spent
+    inside the caption loops' greenlets. Every model call (forward, prefill, step statistics) and the
+    executor's own work run in the greenlet driving `Lockstep.map`, so this is the loops' code between
+    their model calls alone. A pass of its own: the tracer's call on every switch costs time the
+    timed passes should not carry."""
+    hub, inside, since = getcurrent(), [0.0], [None]
+
+    def trace(event, args):
+        if event in ("switch", "throw"):
+            origin, target = args
+            now = time.perf_counter()
+            if origin is not hub and since[0] is not None:
+                inside[0] += now - since[0]
+            since[0] = None if target is hub else now
+
+    before = settrace(trace)
+    try:
+        _, _, wall, _, _ = _decode(params_file, batch, threads, configs, clips)
+    finally:
+        settrace(before)
+    return inside[0] / wall
+
+
 def _gap(edge, cloud, mel, lang: str, prefix: list[int]) -> float:
     """The smaller top-2 logit gap of the two models after `prefix` (single-sequence forwards)."""
     gaps = []
@@ -148,13 +173,14 @@ def run(n_clips: int, batches: list[int], threads: int, calib_clips: int, prompt
         for _ in range(repeats):  # the executors take turns, so a slow spell of the machine falls on all of them
             for b in passes:
                 passes[b].append(_decode(files[b], b, threads, configs, clips))
+        code = {b: _loops_code(files[b], b, threads, configs, clips) for b in batches}
     # each executor's pass of median CPU seconds stands for it (its records, profile and split by kind)
     runs = {b: sorted(ps, key=lambda p: p[1])[len(ps) // 2] for b, ps in passes.items()}
     captions = len(runs[1][0])
     single = captions / runs[1][1]
     languages = {c.name: c.language for c in configs}
     rows = [{"batch": b, "cpu_s": cpu, "wall_s": wall, "captions_per_cpu_s": captions / cpu,
-             "ratio": captions / cpu / single, "profile": _profile(spent, wall), "cpu_by_family": by_family,
+             "ratio": captions / cpu / single, "profile": _profile(spent, wall, code.get(b)), "cpu_by_family": by_family,
              "pass_cpu_s": [p[1] for p in passes[b]],
              "pass_ratios": [one[1] / p[1] for one, p in zip(passes[1], passes[b])],
              "equivalence": None if b == 1 else _compare(runs[1][0], records, languages, edge, cloud, params)}
@@ -165,16 +191,18 @@ def run(n_clips: int, batches: list[int], threads: int, calib_clips: int, prompt
             "target": THROUGHPUT_TARGET, "python_target": PYTHON_TARGET, "best_ratio": max(r["ratio"] for r in rows)}
 
 
-def _profile(spent: dict | None, wall: float) -> dict | None:
+def _profile(spent: dict | None, wall: float, loops_code: float | None = None) -> dict | None:
     """Shares of a batched run's wall time: the executor's batched forwards, its batched prefills, the
     statistics it computes once per step over every asking row's last logits (token statistics, a
     sampling draft's law, a greedy loop's token: `Session.extend(summarize=...)`), and the rest, the
-    loops' own time (their Python, per-caption tensor work, the executor's switching)."""
+    loops' own time (their Python, per-caption tensor work, the executor's switching); `loops_code`:
+    the part of it inside the loops' code (`_loops_code`, from a traced pass)."""
     if spent is None:
         return None
     forwards, prefill, statistics = spent["run"] / wall, spent["prefill"] / wall, spent["summary"] / wall
     return {"forwards": forwards, "prefill": prefill, "statistics": statistics,
-            "loops": 1.0 - forwards - prefill - statistics, "compacted": spent["compacted"] / max(spent["steps"], 1),
+            "loops": 1.0 - forwards - prefill - statistics, "loops_code": loops_code,
+            "compacted": spent["compacted"] / max(spent["steps"], 1),
             "loops_by_family": {kind: 1.0 - model / took for kind, (took, model) in spent.get("by_family", {}).items()}}
 
 
@@ -194,17 +222,17 @@ def markdown(r: dict) -> str:
            "times over); each row is its executor's pass of median CPU seconds." if r.get("repeats", 1) > 1 else ""),
         "",
         "| captions at once (B) | CPU s | wall s | captions per CPU-second | batched / single | captions equal | "
-        "other record fields differ | forwards | prefills | step statistics | loops' own | forwards over the asking rows "
-        "alone |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "other record fields differ | forwards | prefills | step statistics | loops' own | of it, in the loops' code | "
+        "forwards over the asking rows alone |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
         eq, prof = row["equivalence"], row.get("profile")
         same = "–" if eq is None else f"{eq['captions'] - eq['captions_differ']} / {eq['captions']}"
         other = "–" if eq is None else str(eq["records_differ_with_equal_captions"])
-        shares = ("–",) * 5 if prof is None else tuple(f"{prof[k]:.0%}" if k in prof else "–"
+        shares = ("–",) * 6 if prof is None else tuple(f"{prof[k]:.0%}" if prof.get(k) is not None else "–"
                                                        for k in ("forwards", "prefill", "statistics", "loops",
-                                                                 "compacted"))
+                                                                 "loops_code", "compacted"))
         name = "1 (the single executor)" if row["batch"] == 1 else str(row["batch"])
         lines.append(f"| {name} | {row['cpu_s']:.1f} | {row['wall_s']:.1f} | {row['captions_per_cpu_s']:.1f} | "
                      f"{row['ratio']:.2f}x | {same} | {other} | {' | '.join(shares)} |")
@@ -217,15 +245,22 @@ def markdown(r: dict) -> str:
     lines += ["", f"Best throughput, batched / single: **{r['best_ratio']:.2f}x** (target at least "
                   f"{r['target']:.0f}x: {met}). The loops' own share of batched time at that B ({best['batch']}): "
                   f"**{loops:.0%}** (target under {r['python_target']:.0%}: "
-                  f"{'met' if loops < r['python_target'] else 'not met'}). \"Other record fields\": records whose "
+                  f"{'met' if loops < r['python_target'] else 'not met'}, held to the whole of it"
+                  + (f"; of it, {code:.0%} in the loops' code between their model calls, the rest the executor's)."
+                     if (code := best["profile"].get("loops_code")) is not None else ").")
+                  + " \"Other record fields\": records whose "
                   "caption is equal but whose clocks, bytes, rounds or acceptance differ. The profile splits each "
                   "batched run's wall time into the row pools' forwards and prefills (batching.row_pool, setup "
                   "included), the statistics the executor computes once per step over every asking row's last "
                   "logits (entropy, margin and rank of a drafted token, a sampling draft's law, a greedy loop's "
                   "token: batching.lockstep), and the rest: the loops' own Python and per-caption tensor work, and "
-                  "the executor's switching between them. \"Forwards over the asking rows alone\": the share of the pools' forwards "
-                  "run over copies of the rows asking, where that gives every row the full step's bits "
-                  "(`RowPool(compact=\"bitwise\")`, docs/decoding.md)."]
+                  "the executor's switching between them. \"Of it, in the loops' code\": the share of the wall time "
+                  "of one more pass of each B, with a tracer on the greenlets' switches, spent inside the caption "
+                  "loops' greenlets, that is in their code between model calls (every model call and the executor's "
+                  "own work run in the greenlet that drives them); the rest of the loops' own share is the "
+                  "executor's: grouping the calls, resuming the loops, following runs. \"Forwards over the asking "
+                  "rows alone\": the share of the pools' forwards run over copies of the rows asking, where that "
+                  "gives every row the full step's bits (`RowPool(compact=\"bitwise\")`, docs/decoding.md)."]
     lines += _by_family(r)
     differ = [d for row in r["rows"] if row["equivalence"] for d in row["equivalence"]["differences"]]
     if differ:
